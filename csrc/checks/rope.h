@@ -1,0 +1,37 @@
+// checks/rope.h — argument checks for rotary_embedding.
+// Shapes: T tokens, Hq / Hkv heads, D head_dim, R rot_dim, P max positions.
+#pragma once
+
+#include "common.h"
+
+namespace mk::check {
+
+// positions int64 [T]; q [T, Hq, D]; k [T, Hkv, D] (heads and dim dense, token stride free);
+// cos_sin_cache fp32 [P, R] contiguous with R even and R ≤ D.
+inline void rotary_embedding_args(const char* op, const at::Tensor& positions, const at::Tensor& q,
+                                  const at::Tensor& k, const at::Tensor& cos_sin,
+                                  std::initializer_list<at::ScalarType> dtypes) {
+  dtype_is(op, "positions", positions, at::kLong);
+  dtype_in(op, "q", q, dtypes);
+  same_dtype(op, "k", k, "q", q);
+  dtype_is(op, "cos_sin_cache", cos_sin, at::kFloat);
+  same_device(op, "k", k, "q", q);
+  same_device(op, "positions", positions, "q", q);
+  same_device(op, "cos_sin_cache", cos_sin, "q", q);
+  ndim(op, "positions", positions, 1, "[T]");
+  ndim(op, "q", q, 3, "[T, Hq, D]");
+  ndim(op, "k", k, 3, "[T, Hkv, D]");
+  ndim(op, "cos_sin_cache", cos_sin, 2, "[max_pos, rot_dim]");
+  const int64_t T = positions.size(0), D = q.size(2), R = cos_sin.size(1);
+  size_eq(op, "q", q, 0, T, "T = positions.shape[0]");
+  size_eq(op, "k", k, 0, T, "T = positions.shape[0]");
+  size_eq(op, "k", k, 2, D, "head_dim D = q.shape[2]");
+  TORCH_CHECK(R % 2 == 0 && R <= D, op, ": cos_sin_cache.shape[1] (rot_dim) must be even and <= head_dim ", D,
+              ", got ", R);
+  dense_inner(op, "q", q, 2);
+  dense_inner(op, "k", k, 2);
+  contiguous(op, "positions", positions);
+  contiguous(op, "cos_sin_cache", cos_sin);
+}
+
+}  // namespace mk::check

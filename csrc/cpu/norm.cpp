@@ -1,0 +1,98 @@
+// cpu/norm.cpp — native CPU rms_norm, fused_add_rms_norm, silu_and_mul (fp32, bf16).
+// Shapes: R rows, H hidden, I intermediate. Parallel over rows (at::parallel_for); inner loops are
+// plain fp32 loops the compiler vectorises. Same rounding as the CUDA kernels (csrc/kernels/norm.cuh):
+// the fused residual sum is rounded to the dtype once, stored, and that stored value is normalised.
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "../checks/norm.h"
+#include "common.h"
+
+namespace mk::cpu {
+namespace {
+
+// Rows per parallel task: enough work (~32k elements) to amortise the task overhead.
+inline int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elems)); }
+
+template <typename T, bool FUSED_ADD>
+void rms_norm_rows(T* out, T* residual, const T* x, const T* w, int64_t rows, int64_t H, float eps) {
+  at::parallel_for(0, rows, grain_rows(H), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * H;
+      T* orow = out + r * H;
+      const T* src = xr;
+      float ss = 0.f;
+      if constexpr (FUSED_ADD) {
+        T* rr = residual + r * H;
+        for (int64_t i = 0; i < H; ++i) {
+          const T s = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
+          rr[i] = s;
+          const float f = to_f(s);
+          ss += f * f;
+        }
+        src = rr;
+      } else {
+        for (int64_t i = 0; i < H; ++i) {
+          const float f = to_f(xr[i]);
+          ss += f * f;
+        }
+      }
+      const float inv_rms = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
+      for (int64_t i = 0; i < H; ++i) orow[i] = from_f<T>(to_f(src[i]) * inv_rms * to_f(w[i]));
+    }
+  });
+}
+
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  constexpr const char* op = "rms_norm";
+  require_cpu(op, "x", x);
+  check::rms_norm_args(op, out, x, weight, kFloatTypes);
+  const int64_t H = x.size(-1), rows = H == 0 ? 0 : x.numel() / H;
+  MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
+    rms_norm_rows<scalar_t, false>(out.data_ptr<scalar_t>(), nullptr, x.const_data_ptr<scalar_t>(),
+                                   weight.const_data_ptr<scalar_t>(), rows, H, static_cast<float>(eps));
+  });
+}
+
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  constexpr const char* op = "fused_add_rms_norm";
+  require_cpu(op, "x", x);
+  check::rms_norm_args(op, residual, x, weight, kFloatTypes);
+  const int64_t H = x.size(-1), rows = H == 0 ? 0 : x.numel() / H;
+  MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
+    rms_norm_rows<scalar_t, true>(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                                  weight.const_data_ptr<scalar_t>(), rows, H, static_cast<float>(eps));
+  });
+}
+
+void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
+  constexpr const char* op = "silu_and_mul";
+  require_cpu(op, "x", x);
+  check::silu_and_mul_args(op, out, x, kFloatTypes);
+  const int64_t I = out.size(-1), rows = I == 0 ? 0 : out.numel() / I;
+  MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* op_ = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain_rows(I), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* a = xp + r * 2 * I;
+        const scalar_t* b = a + I;
+        scalar_t* o = op_ + r * I;
+        for (int64_t i = 0; i < I; ++i) {
+          const float g = to_f(a[i]);
+          o[i] = from_f<scalar_t>(g / (1.f + std::exp(-g)) * to_f(b[i]));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+}  // namespace mk::cpu
+
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) {
+  m.impl("rms_norm", &mk::cpu::rms_norm);
+  m.impl("fused_add_rms_norm", &mk::cpu::fused_add_rms_norm);
+  m.impl("silu_and_mul", &mk::cpu::silu_and_mul);
+}

@@ -1,0 +1,37 @@
+// glue/common.h — torch ↔ kernel plumbing shared by the CUDA (csrc/cuda) and emulated (csrc/emu)
+// backends. Include the backend's backend.h first; it provides mk::backend::{Context, require_device,
+// kFloatTypes}.
+#pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+
+#include "../checks/common.h"
+#include "../simt/portable.cuh"
+
+namespace mk::glue {
+
+// at:: scalar type → the type the kernels are instantiated with.
+template <typename S> struct KernelType;
+template <> struct KernelType<float> { using type = float; };
+template <> struct KernelType<c10::Half> { using type = __half; };
+template <> struct KernelType<c10::BFloat16> { using type = __nv_bfloat16; };
+template <typename S> using kernel_t = typename KernelType<S>::type;
+
+template <typename S>
+inline kernel_t<S>* kptr(const at::Tensor& t) {
+  return reinterpret_cast<kernel_t<S>*>(t.data_ptr());
+}
+
+inline void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+}  // namespace mk::glue
+
+// MK_DISPATCH_FLOAT(dtype, "op", [&] { ... scalar_t ... }) over float, half, bfloat16.
+#define MK_DISPATCH_FLOAT(TYPE, NAME, ...)                       \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                 \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)   \
+                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)    \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))

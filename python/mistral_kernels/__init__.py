@@ -1,0 +1,15 @@
+"""mistral-kernels: hand-written CPU/CUDA kernels and Mistral / Mixtral / Llama decoders for PyTorch.
+
+Ops live in :mod:`mistral_kernels.ops` (CPU and CUDA tensors), their SIMT-emulated CUDA twins in
+:mod:`mistral_kernels.emulated` (CPU tensors), plain-PyTorch references in :mod:`mistral_kernels.reference`.
+"""
+
+from __future__ import annotations
+
+from ._library import cuda_compiled, emulator_compiled, library_path
+
+__version__ = "0.1.0"
+
+from . import ops, reference  # noqa: E402  (ops needs the library loaded above)
+
+__all__ = ["__version__", "cuda_compiled", "emulator_compiled", "library_path", "ops", "reference"]

@@ -1,0 +1,59 @@
+"""Rotary position embedding. Kernel: csrc/kernels/rope.cuh, csrc/cpu/rope.cpp.
+
+Shape letters: T tokens, Hq / Hkv heads, D head_dim, R rot_dim (≤ D), P max positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._opbase import OpsBase, check_index_range, require_tensor
+
+
+def rope_cos_sin_cache(
+    max_pos: int, rot_dim: int, theta: float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Cos/sin table for RoPE: fp32 [max_pos, rot_dim], cos in ``[:, :R/2]``, sin in ``[:, R/2:]``.
+
+    Row p, column i < R/2 holds cos(p·θ_i) with θ_i = theta^(-2i/R) (computed in fp64, stored fp32).
+    """
+    if max_pos < 0 or rot_dim < 0 or rot_dim % 2:
+        raise ValueError(f"rope_cos_sin_cache: need max_pos >= 0 and an even rot_dim >= 0, got {max_pos}, {rot_dim}")
+    if theta <= 0:
+        raise ValueError(f"rope_cos_sin_cache: theta must be > 0, got {theta}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.float32).to(device)
+
+
+class RopeOps(OpsBase):
+    rope_cos_sin_cache = staticmethod(rope_cos_sin_cache)
+
+    def rotary_embedding(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+    ) -> None:
+        """Rotate q and k in place by their token positions.
+
+        Parameters
+        ----------
+        positions : int64 [T], each in [0, P)
+        q : [T, Hq, D] — heads and dim dense; the token stride is free (views of a fused QKV buffer work)
+        k : [T, Hkv, D] — same dtype as q
+        cos_sin_cache : fp32 [P, R] from :func:`rope_cos_sin_cache`; R ≤ D rotates only the first R dims
+        is_neox : True pairs (x[i], x[i + R/2]) (HF layout); False pairs (x[2i], x[2i+1])
+            (Mistral consolidated / GGUF layout)
+
+        Example
+        -------
+        D = R = 4, neox: pairs (0, 2), (1, 3); interleaved: pairs (0, 1), (2, 3).
+        """
+        require_tensor("rotary_embedding", "positions", positions)
+        require_tensor("rotary_embedding", "cos_sin_cache", cos_sin_cache)
+        check_index_range("rotary_embedding", "positions", positions, 0, cos_sin_cache.shape[0],
+                          "rows of cos_sin_cache")
+        self._lib.rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox))

@@ -1,0 +1,10 @@
+"""OpSet: every public op wrapper, bound to one ``torch.ops`` namespace (see _opbase.py)."""
+
+from __future__ import annotations
+
+from ._ops_norm import NormOps
+from ._ops_rope import RopeOps
+
+
+class OpSet(NormOps, RopeOps):
+    pass

@@ -1,0 +1,30 @@
+"""Public ops on CPU and CUDA tensors (DESIGN.md §3). Wrappers allocate outputs; the C++ ops validate.
+
+Shape letters: T tokens, B sequences, Hq / Hkv heads, D head_dim, H hidden, I intermediate,
+E experts, k top-k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _fake  # noqa: F401  (registers fake impls)
+from ._opbase import device_index_checks
+from ._opset import OpSet
+from ._ops_rope import rope_cos_sin_cache
+
+_OPS = OpSet(torch.ops.mistral_kernels)
+
+rms_norm = _OPS.rms_norm
+fused_add_rms_norm = _OPS.fused_add_rms_norm
+silu_and_mul = _OPS.silu_and_mul
+rotary_embedding = _OPS.rotary_embedding
+
+__all__ = [
+    "device_index_checks",
+    "fused_add_rms_norm",
+    "rms_norm",
+    "rope_cos_sin_cache",
+    "rotary_embedding",
+    "silu_and_mul",
+]
