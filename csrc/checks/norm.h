@@ -7,21 +7,22 @@
 namespace mk::check {
 
 // out [..., H], x [..., H], weight [H]; all contiguous, same dtype/device.
-inline void rms_norm_args(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-                          std::initializer_list<at::ScalarType> dtypes) {
+// `out_name` is "out" for rms_norm and "residual" for fused_add_rms_norm.
+inline void rms_norm_args(const char* op, const char* out_name, const at::Tensor& out, const at::Tensor& x,
+                          const at::Tensor& weight, std::initializer_list<at::ScalarType> dtypes) {
   dtype_in(op, "x", x, dtypes);
   same_dtype(op, "weight", weight, "x", x);
-  same_dtype(op, "out", out, "x", x);
+  same_dtype(op, out_name, out, "x", x);
   same_device(op, "weight", weight, "x", x);
-  same_device(op, "out", out, "x", x);
+  same_device(op, out_name, out, "x", x);
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dim [..., H], got a scalar");
   ndim(op, "weight", weight, 1, "[H]");
   size_eq(op, "weight", weight, 0, x.size(-1), "H = x.shape[-1]");
-  TORCH_CHECK(out.sizes() == x.sizes(), op, ": out must have the shape of x ", shape_str(x), ", got ",
+  TORCH_CHECK(out.sizes() == x.sizes(), op, ": ", out_name, " must have the shape of x ", shape_str(x), ", got ",
               shape_str(out));
   contiguous(op, "x", x);
   contiguous(op, "weight", weight);
-  contiguous(op, "out", out);
+  contiguous(op, out_name, out);
 }
 
 // x [..., 2I] → out [..., I]
