@@ -1,0 +1,76 @@
+"""The build itself: every schema has a kernel on every backend that was built, and the CUDA build
+really contains SASS for sm_80 and sm_90 (parsed from the module's .nv_fatbin ELF section)."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import torch
+
+import mistral_kernels
+
+_ELF_CUBIN, _FATBIN_MAGIC = 2, 0xBA55ED50
+
+
+def _op_names(ns: str) -> list[str]:
+    return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith(ns + "::"))
+
+
+def _fatbin_archs(path: str) -> set[tuple[int, int]]:
+    """(kind, sm) of every entry of the .nv_fatbin section (kind 1 = PTX, 2 = cubin)."""
+    data = open(path, "rb").read()
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = sections[shstrndx][4]
+
+    def name(off: int) -> str:
+        return data[strtab + off : data.index(b"\0", strtab + off)].decode()
+
+    found: set[tuple[int, int]] = set()
+    for sec in sections:
+        if name(sec[0]) != ".nv_fatbin":
+            continue
+        p, end = sec[4], sec[4] + sec[5]
+        while p + 16 <= end:
+            magic, _, hsz, fsz = struct.unpack_from("<IHHQ", data, p)
+            if magic != _FATBIN_MAGIC:
+                p += 8
+                continue
+            q = p + hsz
+            while q < p + hsz + fsz:
+                kind, _, ehsz, padded = struct.unpack_from("<HHII", data, q)
+                found.add((kind, struct.unpack_from("<I", data, q + 28)[0]))
+                q += ehsz + padded
+            p += hsz + fsz
+    return found
+
+
+def test_every_schema_has_cpu_kernels() -> None:
+    names = _op_names("mistral_kernels")
+    assert "mistral_kernels::rms_norm" in names
+    for n in names:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(n, "CPU"), f"{n} has no CPU kernel"
+
+
+def test_emulated_namespace_mirrors_the_ops() -> None:
+    if not mistral_kernels.emulator_compiled():
+        pytest.skip("built with MK_EMU=OFF")
+    native = {n.split("::")[1] for n in _op_names("mistral_kernels")}
+    emulated = {n.split("::")[1] for n in _op_names("mistral_kernels_emu")}
+    assert emulated == native
+    for n in emulated:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"mistral_kernels_emu::{n}", "CPU"), n
+
+
+def test_cuda_build_is_real() -> None:
+    if not mistral_kernels.cuda_compiled():
+        if os.environ.get("MK_REQUIRE_CUDA") == "1":
+            pytest.fail("MK_REQUIRE_CUDA=1 but the CUDA kernels were not built")
+        pytest.skip("CPU-only build")
+    for n in _op_names("mistral_kernels"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA"), f"{n} has no CUDA kernel"
+    archs = _fatbin_archs(str(mistral_kernels.library_path()))
+    assert {(_ELF_CUBIN, 80), (_ELF_CUBIN, 90)} <= archs, f"fatbin entries (kind, sm): {sorted(archs)}"
