@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from types import ModuleType
 
 import pytest
 import torch
 
 import mistral_kernels
+
+# Tests never reach a model hub: transformers and huggingface_hub must work from local files only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # Per-dtype tolerances against reference.py (DESIGN.md §5).
 TOL = {
