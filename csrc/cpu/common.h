@@ -6,8 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 
 #include "../checks/common.h"
@@ -24,19 +24,15 @@ inline void require_cpu(const char* op, const char* arg, const at::Tensor& t) {
 // Branch-free conversions the compiler vectorises (bf16 ↔ fp32 is a 16-bit shift; round to nearest even).
 inline float to_f(float x) { return x; }
 inline float to_f(c10::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16);
 }
 template <typename T> inline T from_f(float f);
 template <> inline float from_f<float>(float f) { return f; }
 template <> inline c10::BFloat16 from_f<c10::BFloat16>(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return c10::BFloat16(0x7fc0, c10::BFloat16::from_bits());  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // round to nearest even
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return c10::BFloat16(static_cast<uint16_t>(nan ? 0x7fc0u : rounded), c10::BFloat16::from_bits());
 }
 
 }  // namespace mk::cpu

@@ -8,6 +8,7 @@
 
 #include "../checks/norm.h"
 #include "common.h"
+#include "vec_math.h"
 
 namespace mk::cpu {
 namespace {
@@ -22,22 +23,12 @@ void rms_norm_rows(T* out, T* residual, const T* x, const T* w, int64_t rows, in
       const T* xr = x + r * H;
       T* orow = out + r * H;
       const T* src = xr;
-      float ss = 0.f;
       if constexpr (FUSED_ADD) {
         T* rr = residual + r * H;
-        for (int64_t i = 0; i < H; ++i) {
-          const T s = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
-          rr[i] = s;
-          const float f = to_f(s);
-          ss += f * f;
-        }
-        src = rr;
-      } else {
-        for (int64_t i = 0; i < H; ++i) {
-          const float f = to_f(xr[i]);
-          ss += f * f;
-        }
+        for (int64_t i = 0; i < H; ++i) rr[i] = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
+        src = rr;  // normalise the stored (rounded) sum; the row is still in L1/L2
       }
+      const float ss = sum_squares(src, H);
       const float inv_rms = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
       for (int64_t i = 0; i < H; ++i) orow[i] = from_f<T>(to_f(src[i]) * inv_rms * to_f(w[i]));
     }
@@ -81,7 +72,7 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
         scalar_t* o = op_ + r * I;
         for (int64_t i = 0; i < I; ++i) {
           const float g = to_f(a[i]);
-          o[i] = from_f<scalar_t>(g / (1.f + std::exp(-g)) * to_f(b[i]));
+          o[i] = from_f<scalar_t>(silu_f(g) * to_f(b[i]));
         }
       }
     });
