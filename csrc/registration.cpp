@@ -13,6 +13,12 @@ constexpr const char* kSchemas[] = {
     "fused_add_rms_norm(Tensor! x, Tensor! residual, Tensor weight, float eps) -> ()",
     "silu_and_mul(Tensor! out, Tensor x) -> ()",
     "rotary_embedding(Tensor positions, Tensor! q, Tensor! k, Tensor cos_sin_cache, bool is_neox) -> ()",
+    // top-k MoE  (csrc/kernels/{moe_router,moe_permute,grouped_gemm}.cuh, csrc/cpu/moe.cpp)
+    "topk_softmax(Tensor! topk_weights, Tensor! topk_ids, Tensor gating_logits, bool renormalize) -> ()",
+    "moe_permute(Tensor! permuted_x, Tensor! expert_offsets, Tensor! inv_perm, Tensor x, Tensor topk_ids) -> ()",
+    "moe_unpermute(Tensor! out, Tensor expert_out, Tensor topk_weights, Tensor inv_perm) -> ()",
+    "fused_moe(Tensor! out, Tensor x, Tensor gate_weight, Tensor w1, Tensor w2, Tensor w3, int top_k, "
+    "bool renormalize) -> ()",
 };
 
 void define_all(torch::Library& m) {

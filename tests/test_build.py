@@ -12,6 +12,7 @@ import torch
 import mistral_kernels
 
 _ELF_CUBIN, _FATBIN_MAGIC = 2, 0xBA55ED50
+CPU_ONLY_OPS = {"skinny_linear"}  # by design (csrc/registration.cpp kCpuOnlySchemas)
 
 
 def _op_names(ns: str) -> list[str]:
@@ -58,7 +59,7 @@ def test_every_schema_has_cpu_kernels() -> None:
 def test_emulated_namespace_mirrors_the_ops() -> None:
     if not mistral_kernels.emulator_compiled():
         pytest.skip("built with MK_EMU=OFF")
-    native = {n.split("::")[1] for n in _op_names("mistral_kernels")}
+    native = {n.split("::")[1] for n in _op_names("mistral_kernels")} - CPU_ONLY_OPS
     emulated = {n.split("::")[1] for n in _op_names("mistral_kernels_emu")}
     assert emulated == native
     for n in emulated:
@@ -71,6 +72,7 @@ def test_cuda_build_is_real() -> None:
             pytest.fail("MK_REQUIRE_CUDA=1 but the CUDA kernels were not built")
         pytest.skip("CPU-only build")
     for n in _op_names("mistral_kernels"):
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA"), f"{n} has no CUDA kernel"
+        if n.split("::")[1] not in CPU_ONLY_OPS:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(n, "CUDA"), f"{n} has no CUDA kernel"
     archs = _fatbin_archs(str(mistral_kernels.library_path()))
     assert {(_ELF_CUBIN, 80), (_ELF_CUBIN, 90)} <= archs, f"fatbin entries (kind, sm): {sorted(archs)}"

@@ -29,7 +29,24 @@ def _norm_cases() -> list[tuple[str, Callable[[], tuple]]]:
     ]
 
 
-CASES = _norm_cases()
+def _moe_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    g = torch.Generator().manual_seed(0)
+    t, h, i, e, k = 5, 16, 24, 8, 2
+    x, logits = torch.randn(t, h, generator=g), torch.randn(t, e, generator=g)
+    ids = torch.rand(t, e, generator=g).topk(k, dim=-1).indices.to(torch.int32)
+    inv = ref.moe_permute(x, ids, e)[2]
+    ws = [torch.randn(e, i, h, generator=g) * 0.2, torch.randn(e, h, i, generator=g) * 0.2,
+          torch.randn(e, i, h, generator=g) * 0.2]
+    return [
+        ("topk_softmax", lambda: (torch.empty(t, k), torch.empty(t, k, dtype=torch.int32), logits, True)),
+        ("moe_permute", lambda: (torch.empty(t * k, h), torch.empty(e + 1, dtype=torch.int64),
+                                 torch.empty(t, k, dtype=torch.int32), x, ids)),
+        ("moe_unpermute", lambda: (torch.empty(t, h), torch.randn(t * k, h, generator=g), torch.rand(t, k), inv)),
+        ("fused_moe", lambda: (torch.empty(t, h), x, torch.randn(e, h, generator=g), *ws, k, True)),
+    ]
+
+
+CASES = _norm_cases() + _moe_cases()
 
 
 @pytest.mark.parametrize("ns", NAMESPACES)

@@ -16,6 +16,11 @@ MUTATING_OPS = [
     "fused_add_rms_norm",
     "silu_and_mul",
     "rotary_embedding",
+    # top-k MoE
+    "topk_softmax",
+    "moe_permute",
+    "moe_unpermute",
+    "fused_moe",
 ]
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ._ops_moe import MoEOps
 from ._ops_norm import NormOps
 from ._ops_rope import RopeOps
 
 
-class OpSet(NormOps, RopeOps):
+class OpSet(NormOps, RopeOps, MoEOps):
     pass

@@ -25,7 +25,17 @@ fused_add_rms_norm = _OPS.fused_add_rms_norm
 silu_and_mul = _OPS.silu_and_mul
 rotary_embedding = _OPS.rotary_embedding
 
+# top-k MoE (issue 5)
+topk_softmax = _OPS.topk_softmax
+moe_permute = _OPS.moe_permute
+moe_unpermute = _OPS.moe_unpermute
+fused_moe = _OPS.fused_moe
+
 __all__ = [
+    "fused_moe",
+    "moe_permute",
+    "moe_unpermute",
+    "topk_softmax",
     "fused_add_rms_norm",
     "rms_norm",
     "rope_cos_sin_cache",

@@ -1,0 +1,131 @@
+// checks/moe.h — argument checks for topk_softmax, moe_permute, moe_unpermute, fused_moe.
+// Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = rows of expert_out (T·k from moe_permute).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "common.h"
+
+namespace mk::check {
+
+// k is held one-per-lane by the CUDA router (one warp per token): every backend accepts 1 ≤ k ≤ min(E, 32).
+inline constexpr int64_t kMaxTopK = 32;
+
+inline void topk_range(const char* op, int64_t k, int64_t E) {
+  TORCH_CHECK(E >= 1, op, ": the number of experts E must be >= 1, got ", E);
+  TORCH_CHECK(k >= 1 && k <= E && k <= kMaxTopK, op, ": top-k must satisfy 1 <= k <= min(E, ", kMaxTopK,
+              ") with E = ", E, " experts, got k = ", k);
+}
+
+// weights fp32 [T, k], ids int32 [T, k]  ←  gating_logits [T, E] (float dtype)
+inline void topk_softmax_args(const char* op, const at::Tensor& weights, const at::Tensor& ids,
+                              const at::Tensor& logits, std::initializer_list<at::ScalarType> dtypes) {
+  dtype_in(op, "gating_logits", logits, dtypes);
+  dtype_is(op, "topk_weights", weights, at::kFloat);
+  dtype_is(op, "topk_ids", ids, at::kInt);
+  same_device(op, "topk_weights", weights, "gating_logits", logits);
+  same_device(op, "topk_ids", ids, "gating_logits", logits);
+  ndim(op, "gating_logits", logits, 2, "[T, E]");
+  ndim(op, "topk_weights", weights, 2, "[T, k]");
+  ndim(op, "topk_ids", ids, 2, "[T, k]");
+  const int64_t T = logits.size(0), E = logits.size(1), k = weights.size(1);
+  topk_range(op, k, E);
+  size_eq(op, "topk_weights", weights, 0, T, "T = gating_logits.shape[0]");
+  TORCH_CHECK(ids.sizes() == weights.sizes(), op, ": topk_ids must have the shape of topk_weights ",
+              shape_str(weights), ", got ", shape_str(ids));
+  contiguous(op, "gating_logits", logits);
+  contiguous(op, "topk_weights", weights);
+  contiguous(op, "topk_ids", ids);
+}
+
+// permuted_x [T·k, H], expert_offsets int64 [E+1], inv_perm int32 [T, k]  ←  x [T, H], topk_ids int32 [T, k]
+inline void moe_permute_args(const char* op, const at::Tensor& permuted_x, const at::Tensor& offsets,
+                             const at::Tensor& inv_perm, const at::Tensor& x, const at::Tensor& ids,
+                             std::initializer_list<at::ScalarType> dtypes) {
+  dtype_in(op, "x", x, dtypes);
+  same_dtype(op, "permuted_x", permuted_x, "x", x);
+  dtype_is(op, "topk_ids", ids, at::kInt);
+  dtype_is(op, "expert_offsets", offsets, at::kLong);
+  dtype_is(op, "inv_perm", inv_perm, at::kInt);
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"permuted_x", &permuted_x},
+                         {"expert_offsets", &offsets}, {"inv_perm", &inv_perm}, {"topk_ids", &ids}})
+    same_device(op, name, *t, "x", x);
+  ndim(op, "x", x, 2, "[T, H]");
+  ndim(op, "topk_ids", ids, 2, "[T, k]");
+  ndim(op, "permuted_x", permuted_x, 2, "[T*k, H]");
+  ndim(op, "expert_offsets", offsets, 1, "[E+1]");
+  ndim(op, "inv_perm", inv_perm, 2, "[T, k]");
+  const int64_t T = x.size(0), H = x.size(1), k = ids.size(1), E = offsets.size(0) - 1;
+  size_eq(op, "topk_ids", ids, 0, T, "T = x.shape[0]");
+  topk_range(op, k, E);
+  TORCH_CHECK(T * k <= INT32_MAX, op, ": T*k = ", T * k, " rows exceed the int32 range of inv_perm");
+  size_eq(op, "permuted_x", permuted_x, 0, T * k, "T*k rows");
+  size_eq(op, "permuted_x", permuted_x, 1, H, "H = x.shape[1]");
+  TORCH_CHECK(inv_perm.sizes() == ids.sizes(), op, ": inv_perm must have the shape of topk_ids ", shape_str(ids),
+              ", got ", shape_str(inv_perm));
+  contiguous(op, "x", x);
+  contiguous(op, "topk_ids", ids);
+  contiguous(op, "permuted_x", permuted_x);
+  contiguous(op, "expert_offsets", offsets);
+  contiguous(op, "inv_perm", inv_perm);
+}
+
+// out [T, H]  ←  expert_out [M, H], topk_weights fp32 [T, k], inv_perm int32 [T, k] (values in [0, M))
+inline void moe_unpermute_args(const char* op, const at::Tensor& out, const at::Tensor& expert_out,
+                               const at::Tensor& weights, const at::Tensor& inv_perm,
+                               std::initializer_list<at::ScalarType> dtypes) {
+  dtype_in(op, "expert_out", expert_out, dtypes);
+  same_dtype(op, "out", out, "expert_out", expert_out);
+  dtype_is(op, "topk_weights", weights, at::kFloat);
+  dtype_is(op, "inv_perm", inv_perm, at::kInt);
+  same_device(op, "out", out, "expert_out", expert_out);
+  same_device(op, "topk_weights", weights, "expert_out", expert_out);
+  same_device(op, "inv_perm", inv_perm, "expert_out", expert_out);
+  ndim(op, "expert_out", expert_out, 2, "[T*k, H]");
+  ndim(op, "topk_weights", weights, 2, "[T, k]");
+  ndim(op, "inv_perm", inv_perm, 2, "[T, k]");
+  ndim(op, "out", out, 2, "[T, H]");
+  TORCH_CHECK(inv_perm.sizes() == weights.sizes(), op, ": inv_perm must have the shape of topk_weights ",
+              shape_str(weights), ", got ", shape_str(inv_perm));
+  size_eq(op, "out", out, 0, weights.size(0), "T = topk_weights.shape[0]");
+  size_eq(op, "out", out, 1, expert_out.size(1), "H = expert_out.shape[1]");
+  contiguous(op, "expert_out", expert_out);
+  contiguous(op, "topk_weights", weights);
+  contiguous(op, "inv_perm", inv_perm);
+  contiguous(op, "out", out);
+}
+
+// out [T, H]  ←  x [T, H], gate_weight [E, H], w1, w3 [E, I, H], w2 [E, H, I]; one dtype, contiguous.
+inline void fused_moe_args(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& gate,
+                           const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3, int64_t top_k,
+                           std::initializer_list<at::ScalarType> dtypes) {
+  dtype_in(op, "x", x, dtypes);
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"out", &out}, {"gate_weight", &gate},
+                         {"w1", &w1}, {"w2", &w2}, {"w3", &w3}}) {
+    same_dtype(op, name, *t, "x", x);
+    same_device(op, name, *t, "x", x);
+    contiguous(op, name, *t);
+  }
+  contiguous(op, "x", x);
+  ndim(op, "x", x, 2, "[T, H]");
+  ndim(op, "gate_weight", gate, 2, "[E, H]");
+  ndim(op, "w1", w1, 3, "[E, I, H]");
+  ndim(op, "w3", w3, 3, "[E, I, H]");
+  ndim(op, "w2", w2, 3, "[E, H, I]");
+  const int64_t H = x.size(1), E = gate.size(0), I = w1.size(1);
+  size_eq(op, "gate_weight", gate, 1, H, "H = x.shape[1]");
+  TORCH_CHECK(w1.size(0) == E && w1.size(2) == H, op, ": w1 must be [E, I, H] = [", E, ", I, ", H,
+              "] (E from gate_weight, H from x), got ", shape_str(w1));
+  TORCH_CHECK(w3.sizes() == w1.sizes(), op, ": w3 must have the shape of w1 ", shape_str(w1), ", got ",
+              shape_str(w3));
+  TORCH_CHECK(w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, op, ": w2 must be [E, H, I] = [", E, ", ", H,
+              ", ", I, "], got ", shape_str(w2));
+  TORCH_CHECK(out.sizes() == x.sizes(), op, ": out must have the shape of x ", shape_str(x), ", got ",
+              shape_str(out));
+  topk_range(op, top_k, E);
+  TORCH_CHECK(x.size(0) * top_k <= INT32_MAX, op, ": T*top_k = ", x.size(0) * top_k,
+              " rows exceed the int32 range of the permutation");
+}
+
+}  // namespace mk::check

@@ -1,0 +1,59 @@
+"""ops.linear / skinny_linear (decode-sized CPU matmul) against an fp64 matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mistral_kernels import ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize("N,K", [(1, 1), (5, 7), (17, 33), (1000, 576), (67, 1000)])
+def test_skinny_linear_matches_matmul(dtype: torch.dtype, M: int, N: int, K: int) -> None:
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = torch.randn(N, K, generator=g).to(dtype)
+    expect = x.double() @ w.double().T
+    got = ops.linear(x, w)
+    assert got.shape == (M, N) and got.dtype == dtype
+    tol = dict(atol=1e-4 * K**0.5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2 * K**0.5, rtol=1e-2)
+    torch.testing.assert_close(got.double(), expect, **tol)
+
+
+def test_linear_batched_leading_dims_and_out() -> None:
+    x = torch.randn(2, 3, 64)
+    w = torch.randn(40, 64)
+    out = torch.empty(2, 3, 40)
+    assert ops.linear(x, w, out=out) is out
+    torch.testing.assert_close(out, x @ w.T, atol=1e-4, rtol=1e-5)
+    big = torch.randn(40, 64)  # M > 16 goes to torch's GEMM
+    torch.testing.assert_close(ops.linear(big, w), big @ w.T, atol=1e-4, rtol=1e-5)
+
+
+def test_skinny_linear_independent_of_thread_count() -> None:
+    x = torch.randn(3, 576, dtype=torch.bfloat16)
+    w = torch.randn(3000, 576, dtype=torch.bfloat16)
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.linear(x, w)
+        torch.set_num_threads(max(2, n))
+        many = ops.linear(x, w)
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(one, many)
+
+
+def test_skinny_linear_bad_inputs() -> None:
+    op = torch.ops.mistral_kernels.skinny_linear
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="weight.shape\\[1\\]"):
+        op(torch.empty(2, 4), x, torch.randn(4, 9))
+    with pytest.raises(RuntimeError, match="M\\) must be <= 16"):
+        op(torch.empty(17, 4), torch.randn(17, 8), w)
+    with pytest.raises(RuntimeError, match="weight has dtype"):
+        op(torch.empty(2, 4), x, w.bfloat16())
+    with pytest.raises(RuntimeError, match="out.shape\\[1\\]"):
+        op(torch.empty(2, 5), x, w)
