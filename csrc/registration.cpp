@@ -21,11 +21,20 @@ constexpr const char* kSchemas[] = {
     "bool renormalize) -> ()",
 };
 
+// CPU-only helpers (no CUDA kernel by design: on GPUs the model uses cuBLAS through torch).
+constexpr const char* kCpuOnlySchemas[] = {
+    // out[M, N] = x[M, K] · W[N, K]ᵀ for M <= 16, streaming W once (csrc/cpu/linear.cpp)
+    "skinny_linear(Tensor! out, Tensor x, Tensor weight) -> ()",
+};
+
 void define_all(torch::Library& m) {
   for (const char* schema : kSchemas) m.def(schema);
 }
 
 }  // namespace
 
-TORCH_LIBRARY(mistral_kernels, m) { define_all(m); }
+TORCH_LIBRARY(mistral_kernels, m) {
+  define_all(m);
+  for (const char* schema : kCpuOnlySchemas) m.def(schema);
+}
 TORCH_LIBRARY(mistral_kernels_emu, m) { define_all(m); }

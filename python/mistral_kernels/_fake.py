@@ -46,3 +46,7 @@ def register(names: list[str]) -> None:
 
 
 register(MUTATING_OPS)
+
+
+# CPU-only helper ops (namespace mistral_kernels only).
+torch.library.register_fake("mistral_kernels::skinny_linear")(_make_fake("mistral_kernels", "skinny_linear"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import _fake  # noqa: F401  (registers fake impls)
+from ._linear import linear
 from ._opbase import device_index_checks
 from ._opset import OpSet
 from ._ops_rope import rope_cos_sin_cache
@@ -27,6 +28,7 @@ moe_unpermute = _OPS.moe_unpermute
 fused_moe = _OPS.fused_moe
 
 __all__ = [
+    "linear",
     "fused_moe",
     "moe_permute",
     "moe_unpermute",
