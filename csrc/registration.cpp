@@ -13,6 +13,13 @@ constexpr const char* kSchemas[] = {
     "fused_add_rms_norm(Tensor! x, Tensor! residual, Tensor weight, float eps) -> ()",
     "silu_and_mul(Tensor! out, Tensor x) -> ()",
     "rotary_embedding(Tensor positions, Tensor! q, Tensor! k, Tensor cos_sin_cache, bool is_neox) -> ()",
+    // paged KV cache + attention  (csrc/kernels/{kv_cache,paged_decode,paged_prefill}.cuh,
+    // csrc/cpu/{kv_cache,paged_attention}.cpp). sliding_window <= 0: none; partition_size 0: automatic split-K.
+    "reshape_and_cache(Tensor k, Tensor v, Tensor! k_cache, Tensor! v_cache, Tensor slot_mapping) -> ()",
+    "paged_decode_attention(Tensor! out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+    "Tensor seq_lens, float scale, int sliding_window, int partition_size) -> ()",
+    "paged_prefill_attention(Tensor! out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+    "Tensor cu_seqlens_q, Tensor seq_lens, float scale, int sliding_window) -> ()",
     // top-k MoE  (csrc/kernels/{moe_router,moe_permute,grouped_gemm}.cuh, csrc/cpu/moe.cpp)
     "topk_softmax(Tensor! topk_weights, Tensor! topk_ids, Tensor gating_logits, bool renormalize) -> ()",
     "moe_permute(Tensor! permuted_x, Tensor! expert_offsets, Tensor! inv_perm, Tensor x, Tensor topk_ids) -> ()",

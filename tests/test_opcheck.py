@@ -46,7 +46,24 @@ def _moe_cases() -> list[tuple[str, Callable[[], tuple]]]:
     ]
 
 
-CASES = _norm_cases() + _moe_cases()
+def _attention_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    g = torch.Generator().manual_seed(0)
+    n_blocks, s, hkv, d, hq = 6, 8, 1, 64, 2
+    kc, vc = torch.randn(n_blocks, s, hkv, d, generator=g), torch.randn(n_blocks, s, hkv, d, generator=g)
+    tables = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    lens = torch.tensor([19, 9], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 4], dtype=torch.int32)
+    return [
+        ("reshape_and_cache", lambda: (torch.randn(3, hkv, d, generator=g), torch.randn(3, hkv, d, generator=g),
+                                       kc.clone(), vc.clone(), torch.tensor([5, -1, 47]))),
+        ("paged_decode_attention", lambda: (torch.empty(2, hq, d), torch.randn(2, hq, d, generator=g), kc, vc,
+                                            tables, lens, 0.125, 0, 0)),
+        ("paged_prefill_attention", lambda: (torch.empty(4, hq, d), torch.randn(4, hq, d, generator=g), kc, vc,
+                                             tables, cu, lens, 0.125, 5)),
+    ]
+
+
+CASES = _norm_cases() + _moe_cases() + _attention_cases()
 
 
 @pytest.mark.parametrize("ns", NAMESPACES)

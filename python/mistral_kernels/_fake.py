@@ -16,6 +16,10 @@ MUTATING_OPS = [
     "fused_add_rms_norm",
     "silu_and_mul",
     "rotary_embedding",
+    # paged KV cache + attention
+    "reshape_and_cache",
+    "paged_decode_attention",
+    "paged_prefill_attention",
     # top-k MoE
     "topk_softmax",
     "moe_permute",

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ._ops_attention import AttentionOps
 from ._ops_moe import MoEOps
 from ._ops_norm import NormOps
 from ._ops_rope import RopeOps
 
 
-class OpSet(NormOps, RopeOps, MoEOps):
+class OpSet(NormOps, RopeOps, MoEOps, AttentionOps):
     pass

@@ -21,6 +21,10 @@ fused_add_rms_norm = _OPS.fused_add_rms_norm
 silu_and_mul = _OPS.silu_and_mul
 rotary_embedding = _OPS.rotary_embedding
 
+# paged KV cache + attention (issue 4)
+reshape_and_cache = _OPS.reshape_and_cache
+paged_decode_attention = _OPS.paged_decode_attention
+paged_prefill_attention = _OPS.paged_prefill_attention
 # top-k MoE (issue 5)
 topk_softmax = _OPS.topk_softmax
 moe_permute = _OPS.moe_permute
@@ -28,6 +32,9 @@ moe_unpermute = _OPS.moe_unpermute
 fused_moe = _OPS.fused_moe
 
 __all__ = [
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "reshape_and_cache",
     "linear",
     "fused_moe",
     "moe_permute",

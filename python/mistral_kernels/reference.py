@@ -130,3 +130,99 @@ def fused_moe(
             act = silu_and_mul(torch.cat([xt @ w1[e].T, xt @ w3[e].T], dim=-1))
             out[t] += weights[t, j] * (act @ w2[e].T).float()[0]
     return out.to(x.dtype).view(x.shape)
+
+
+# ---- paged KV cache + attention (issue 4) --------------------------------------------------------------
+# T tokens, Tq packed queries, B sequences, Hq / Hkv heads, D head_dim, N num_blocks, S block_size,
+# M max_blocks, W sliding window. Cache layout and index conventions: see _ops_attention.py.
+# Gather each sequence's keys into a dense [L, Hkv, D] tensor, then masked softmax in fp32.
+
+__all__ += ["paged_decode_attention", "paged_prefill_attention", "reshape_and_cache"]
+
+
+def reshape_and_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k, v [T, Hkv, D] → k_cache, v_cache [N, S, Hkv, D] at slot_mapping[t] (int64; -1 skips)."""
+    n, s, hkv, d = k_cache.shape
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(n * s, hkv, d)[slots] = k[keep]
+    v_cache.view(n * s, hkv, d)[slots] = v[keep]
+
+
+def _gather(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence: [length, Hkv, D]."""
+    s = cache.shape[1]
+    j = torch.arange(length, device=cache.device)
+    return cache[table_row.long()[j // s], j % s]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scale: float,
+            window: int | None) -> torch.Tensor:
+    """q [n, Hq, D] at positions pos [n] over k, v [L, Hkv, D] (positions 0..L-1) → fp32 [n, Hq, D]."""
+    g = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(g, dim=1)
+    vf = v.float().repeat_interleave(g, dim=1)
+    scores = torch.einsum("nhd,jhd->hnj", q.float(), kf) * scale
+    j = torch.arange(k.shape[0], device=q.device)
+    visible = j[None, :] <= pos[:, None]
+    if window is not None:
+        visible &= j[None, :] > pos[:, None] - window
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key → 0
+    return torch.einsum("hnj,jhd->nhd", probs, vf)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [Tq, Hq, D] packed by cu_seqlens_q [B+1]; the q_b new tokens are the last q_b of seq_lens[b]."""
+    result = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
+    for b, length in enumerate(lens):
+        q0, q1 = cu[b], cu[b + 1]
+        if q1 == q0:
+            continue
+        k = _gather(k_cache, block_tables[b], length)
+        v = _gather(v_cache, block_tables[b], length)
+        pos = torch.arange(length - (q1 - q0), length, device=q.device)
+        result[q0:q1] = _attend(q[q0:q1], k, v, pos, scale, sliding_window)
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result.to(q.dtype)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    partition_size: int = 0,
+) -> torch.Tensor:
+    """q [B, Hq, D], one query per sequence at position seq_lens[b]-1. partition_size is ignored here
+    (it only selects the kernels' split-K work division)."""
+    del partition_size
+    nonempty = seq_lens > 0  # an empty sequence has no position for its query: the output is 0
+    cu = torch.cat([seq_lens.new_zeros(1), torch.cumsum(nonempty.int(), 0, dtype=torch.int32)])
+    res = paged_prefill_attention(q[nonempty], k_cache, v_cache, block_tables, cu, seq_lens, scale, sliding_window)
+    result = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    result[nonempty] = res
+    if out is not None:
+        out.copy_(result)
+        return out
+    return result

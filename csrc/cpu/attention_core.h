@@ -1,0 +1,156 @@
+// cpu/attention_core.h — the inner loop of the native CPU paged attention (decode and prefill).
+//
+// Shapes: R query rows handled together (the q heads of one GQA group × a few query tokens), D head_dim,
+// S block_size, Hkv kv heads, C keys per chunk (kChunk).
+//
+// One call streams the keys [kbeg, kend) of one sequence and one kv head through the flash (online
+// softmax) state of R rows: for each chunk of ≤ C keys inside one physical block it
+//   1. converts the chunk's K rows to fp32 once and computes all R×C scores (dot products vectorised
+//      over D; the K row is read once for the whole GQA group),
+//   2. updates each row's running max m and sum l (fp32), rescaling its accumulator when m grows,
+//   3. converts the chunk's V rows once and accumulates p·v into every row with p ≠ 0.
+// Row r only sees keys lo[r] ≤ j < hi[r] (causal / sliding window); masked keys get p = 0 and are never
+// multiplied, so NaN/garbage in cache slots outside the visible ranges cannot reach the output.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "common.h"
+
+namespace mk::cpu::attn {
+
+inline constexpr int64_t kChunk = 32;
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Dot product with 16 independent fp32 lanes (vectorises to two AVX2 / one AVX-512 register);
+// the lanes are summed in a fixed order, so the result is deterministic.
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float lane[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int u = 0; u < 16; ++u) lane[u] += a[i + u] * b[i + u];
+  float s = 0.f;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int u = 0; u < 8; ++u) lane[u] += lane[u + 8];
+  for (int u = 0; u < 4; ++u) lane[u] += lane[u + 4];
+  return s + ((lane[0] + lane[2]) + (lane[1] + lane[3]));
+}
+
+inline void axpy(float* __restrict y, float a, const float* __restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// Per-thread buffers for one scan: scores [R][C], converted K/V rows [C][D] (bf16 only).
+struct Scratch {
+  std::vector<float> scores, kbuf, vbuf;
+  void reserve(int64_t R, int64_t D) {
+    scores.resize(R * kChunk);
+    kbuf.resize(kChunk * D);
+    vbuf.resize(kChunk * D);
+  }
+};
+
+// State of R rows: q [R][D] (pre-multiplied by the softmax scale), acc [R][D], m [R], l [R],
+// visible key ranges [lo[r], hi[r]).
+struct Rows {
+  int64_t R, D;
+  const float* q;
+  float* acc;
+  float* m;
+  float* l;
+  const int64_t* lo;
+  const int64_t* hi;
+  void reset() const {
+    std::fill(acc, acc + R * D, 0.f);
+    std::fill(m, m + R, kNegInf);
+    std::fill(l, l + R, 0.f);
+  }
+};
+
+// Rows of `n` keys starting at `base` (stride `stride` elements) as fp32 pointers; bf16 is converted into buf.
+template <typename T>
+inline void rows_as_float(const T* base, int64_t stride, int64_t n, int64_t D, float* buf, const float** ptrs) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)buf;
+    for (int64_t c = 0; c < n; ++c) ptrs[c] = base + c * stride;
+  } else {
+    for (int64_t c = 0; c < n; ++c) {
+      const T* src = base + c * stride;
+      float* dst = buf + c * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = to_f(src[d]);
+      ptrs[c] = dst;
+    }
+  }
+}
+
+// Stream keys [kbeg, kend) of one sequence (block table row `bt`) and one kv head through `rows`.
+// k_head / v_head point at head kvh of physical block 0: element (blk, off) is at
+// k_head + (blk*S + off) * Hkv*D.
+template <typename T>
+void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t* bt, int64_t S,
+               int64_t key_stride, int64_t kbeg, int64_t kend, Scratch& sc) {
+  const int64_t R = rows.R, D = rows.D;
+  const float* kp[kChunk];
+  const float* vp[kChunk];
+  float* scores = sc.scores.data();
+  int64_t j = kbeg;
+  while (j < kend) {
+    const int64_t off = j % S;
+    const int64_t n = std::min({kChunk, S - off, kend - j});
+    const int64_t slot0 = static_cast<int64_t>(bt[j / S]) * S + off;
+    rows_as_float(k_head + slot0 * key_stride, key_stride, n, D, sc.kbuf.data(), kp);
+    bool any = false;
+    for (int64_t r = 0; r < R; ++r) {
+      float* s = scores + r * kChunk;
+      const float* q = rows.q + r * D;
+      const int64_t lo = rows.lo[r], hi = rows.hi[r];
+      float cmax = kNegInf;
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t key = j + c;
+        s[c] = (key >= lo && key < hi) ? dot(q, kp[c], D) : kNegInf;
+        cmax = std::max(cmax, s[c]);
+      }
+      if (cmax == kNegInf) {  // nothing visible for this row in the chunk
+        std::fill(s, s + n, 0.f);
+        continue;
+      }
+      any = true;
+      const float m_new = std::max(rows.m[r], cmax);
+      const float alpha = std::exp(rows.m[r] - m_new);  // 0 when m was -inf
+      float* acc = rows.acc + r * D;
+      if (alpha != 1.f)
+        for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      float sum = 0.f;
+      for (int64_t c = 0; c < n; ++c) {
+        s[c] = std::exp(s[c] - m_new);  // masked: exp(-inf) = 0
+        sum += s[c];
+      }
+      rows.l[r] = rows.l[r] * alpha + sum;
+      rows.m[r] = m_new;
+    }
+    if (any) {
+      rows_as_float(v_head + slot0 * key_stride, key_stride, n, D, sc.vbuf.data(), vp);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* p = scores + r * kChunk;
+        float* acc = rows.acc + r * D;
+        for (int64_t c = 0; c < n; ++c)
+          if (p[c] != 0.f) axpy(acc, p[c], vp[c], D);
+      }
+    }
+    j += n;
+  }
+}
+
+// out_row = acc / l (0 for a row that saw no key).
+template <typename T>
+inline void store_row(T* out, const float* acc, float l, int64_t D) {
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  for (int64_t d = 0; d < D; ++d) out[d] = from_f<T>(acc[d] * inv);
+}
+
+}  // namespace mk::cpu::attn
