@@ -36,7 +36,9 @@ const char* basename_of(const char* path) {
 }
 std::string at(SrcLoc loc) { return std::string(basename_of(loc.file_name())) + ":" + std::to_string(loc.line()); }
 std::string xyz(uint3 v) {
-  return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "(%u,%u,%u)", v.x, v.y, v.z);
+  return buf;
 }
 std::string xyz(dim3 v) { return xyz(static_cast<uint3>(v)); }
 

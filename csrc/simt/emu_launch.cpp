@@ -80,7 +80,9 @@ int os_threads() {
 }
 
 std::string dims(dim3 d) {
-  return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "(%u,%u,%u)", d.x, d.y, d.z);
+  return buf;
 }
 
 // Persistent worker threads: a launch hands them a job, runs it on the caller too, waits for all.
