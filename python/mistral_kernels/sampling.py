@@ -1,0 +1,171 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeds.
+
+Shape letters: B sequences (rows of the logits), V vocabulary.
+
+One call samples a whole batch; each row has its own :class:`SamplingParams`. The order of the
+transforms is the usual one (as in HF ``generate``): repetition penalty → temperature → top-k →
+top-p → min-p → sample. ``temperature == 0`` is greedy (argmax, lowest id on ties) and ignores the
+other filters except the repetition penalty.
+
+Reproducibility: a row with a ``seed`` draws from its own ``torch.Generator`` (created by the engine per
+request), so its tokens do not depend on what else is in the batch, on batch order or on preemption.
+Sampling uses the exponential-race form of a categorical draw: ``argmax(p / E)`` with E ~ Exp(1) i.i.d.
+per vocabulary entry, which picks token i with probability p_i exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["SamplingParams", "apply_filters", "sample"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling and stopping parameters.
+
+    Attributes
+    ----------
+    max_new_tokens : generate at most this many tokens
+    temperature : 0 = greedy; otherwise logits / temperature
+    top_k : keep the k most likely tokens (0 = off)
+    top_p : keep the smallest set of most likely tokens whose probability reaches top_p (1 = off)
+    min_p : drop tokens with probability < min_p · (max probability) (0 = off)
+    repetition_penalty : > 1 discourages tokens already in the prompt or output (HF/CTRL rule:
+        positive logits divided, negative multiplied); 1 = off
+    seed : seeds this request's own generator (reproducible); None draws from the engine's generator
+    stop : stop strings; generation ends when the output text contains one (the text is cut before it)
+    stop_token_ids : extra token ids that end generation (besides the tokenizer's EOS)
+    ignore_eos : keep generating through EOS (for benchmarks); max_new_tokens still applies
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _penalize(logits: torch.Tensor, rows: list[int], penalties: list[float],
+              seen: Sequence[Sequence[int]]) -> None:
+    """In place: for each listed row, logits of already-seen tokens are divided (if > 0) or multiplied
+    (if ≤ 0) by the row's penalty."""
+    for r, pen in zip(rows, penalties):
+        ids = torch.as_tensor(list(seen[r]), dtype=torch.int64, device=logits.device).unique()
+        if ids.numel() == 0:
+            continue
+        vals = logits[r].index_select(0, ids)
+        logits[r].index_copy_(0, ids, torch.where(vals > 0, vals / pen, vals * pen))
+
+
+def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor) -> torch.Tensor:
+    """Temperature, top-k, top-p and min-p, batched; filtered entries become -inf.
+
+    Parameters
+    ----------
+    logits : float32 [B, V]
+    temperature : float32 [B], > 0
+    top_k : int64 [B], 0 = off
+    top_p : float32 [B], 1 = off
+    min_p : float32 [B], 0 = off
+
+    Returns
+    -------
+    float32 [B, V] — scaled logits with the dropped tokens at -inf (at least one token always kept).
+    """
+    x = logits / temperature[:, None]
+    v = x.shape[-1]
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    rank = torch.arange(v, device=x.device)[None, :]
+    k = torch.where(top_k > 0, top_k.clamp(max=v), torch.full_like(top_k, v))
+    drop = rank >= k[:, None]
+    probs = sorted_x.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # top-p: keep a token if the mass strictly before it is < top_p (so the first token is always kept).
+    before = probs.cumsum(dim=-1) - probs
+    drop |= before >= top_p[:, None]
+    # min-p: relative to the most likely token (probabilities after temperature, top-k).
+    drop |= probs < (min_p[:, None] * probs[:, :1])
+    drop[:, 0] = False
+    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.full_like(x, float("-inf")).scatter_(-1, order, sorted_x)
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
+           generators: Sequence[torch.Generator | None],
+           seen: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+    """Sample one token per row.
+
+    Parameters
+    ----------
+    logits : float [B, V]
+        Next-token logits (any float dtype; computed in float32; not modified).
+    params : B SamplingParams
+    generators : B generators (or None: torch's default generator) used by the non-greedy rows
+    seen : B token lists (prompt + generated so far); needed when a row has repetition_penalty ≠ 1
+
+    Returns
+    -------
+    int64 [B] token ids (on the logits' device; the caller reads them once per step).
+    """
+    b = logits.shape[0]
+    if len(params) != b or len(generators) != b:
+        raise ValueError(f"sample: {b} rows but {len(params)} params and {len(generators)} generators")
+    x = logits.float().clone()
+    pen_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    if pen_rows:
+        if seen is None:
+            raise ValueError("sample: repetition_penalty needs `seen` (the tokens of each sequence)")
+        _penalize(x, pen_rows, [params[i].repetition_penalty for i in pen_rows], seen)
+    out = x.argmax(dim=-1)
+    rand_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rand_rows:
+        return out
+    dev = x.device
+    idx = torch.tensor(rand_rows, dtype=torch.int64, device=dev)
+    sub = x.index_select(0, idx)
+    filt = apply_filters(
+        sub,
+        torch.tensor([params[i].temperature for i in rand_rows], dtype=torch.float32, device=dev),
+        torch.tensor([params[i].top_k for i in rand_rows], dtype=torch.int64, device=dev),
+        torch.tensor([params[i].top_p for i in rand_rows], dtype=torch.float32, device=dev),
+        torch.tensor([params[i].min_p for i in rand_rows], dtype=torch.float32, device=dev),
+    )
+    probs = filt.softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    for j, i in enumerate(rand_rows):
+        noise[j].exponential_(1.0, generator=generators[i])
+    picked = (probs / noise.clamp_(min=1e-30)).argmax(dim=-1)
+    return out.index_copy(0, idx, picked)
