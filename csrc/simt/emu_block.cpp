@@ -77,9 +77,12 @@ bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t
   }
   std::memset(smem_, 0xff, spec.smem_bytes);  // poison: NaN / -1, so reading unwritten smem shows
 #if SIMT_EMU_ASAN
-  // Frames of threads abandoned by a failed block stay poisoned in the shadow: clear before reuse.
-  if (dirty_stacks_)
-    for (int i = 0; i < n; ++i) ASAN_UNPOISON_MEMORY_REGION(stacks_.lo(i), stacks_.size());
+  // A fiber's outermost frame (fiber_main) never returns, so ASan's redzones for it stay poisoned, and
+  // after a failed block so do all frames of the abandoned threads: clear the shadow before reuse.
+  for (int i = 0; i < n; ++i) {
+    const size_t clear = dirty_stacks_ ? stacks_.size() : 8192;
+    ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(stacks_.lo(i)) + stacks_.size() - clear, clear);
+  }
 #endif
   dirty_stacks_ = false;
 
