@@ -11,5 +11,22 @@ from ._library import cuda_compiled, emulator_compiled, library_path
 __version__ = "0.1.0"
 
 from . import ops, reference  # noqa: E402  (ops needs the library loaded above)
+from .config import ModelConfig  # noqa: E402
+from .model import Model, load_model  # noqa: E402
+from .tokenizer import Tokenizer, load_tokenizer  # noqa: E402
+from .llm import LLM  # noqa: E402
 
-__all__ = ["__version__", "cuda_compiled", "emulator_compiled", "library_path", "ops", "reference"]
+__all__ = [
+    "LLM",
+    "Model",
+    "ModelConfig",
+    "__version__",
+    "cuda_compiled",
+    "emulator_compiled",
+    "library_path",
+    "load_model",
+    "load_tokenizer",
+    "Tokenizer",
+    "ops",
+    "reference",
+]

@@ -1,0 +1,112 @@
+"""Attention metadata of one forward step over a batch of sequences in a paged KV cache.
+
+Shape letters: T new tokens (packed over the batch), B sequences, M max blocks per sequence.
+
+A forward step feeds T new tokens of B sequences (packed: sequence 0's new tokens, then sequence 1's,
+...). Sequence b already has ``num_cached[b]`` tokens in the cache and brings ``num_new[b]`` new ones;
+its tokens live in the cache blocks ``block_tables[b]`` (token at position p → block
+``block_tables[b][p // block_size]``, offset ``p % block_size``). The same structure serves a prefill
+(long ``num_new``, possibly after a cached prefix: chunked prefill) and a decode step (``num_new`` all
+1, routed to the decode attention kernel).
+
+Worked example: block_size 4, two sequences —
+sequence 0 has 5 cached tokens, 2 new, blocks [7, 2]; sequence 1 is new with 3 tokens, blocks [5]::
+
+    positions     = [5, 6, 0, 1, 2]                      int64 [T]
+    slot_mapping  = [2*4+1, 2*4+2, 5*4+0, 5*4+1, 5*4+2]  int64 [T]  (block*block_size + offset)
+                  = [9, 10, 20, 21, 22]
+    block_tables  = [[7, 2], [5, 0]]                     int32 [B, M] (rows padded with 0)
+    seq_lens      = [7, 3]                               int32 [B]   cached + new
+    cu_seqlens_q  = [0, 2, 5]                            int32 [B+1] prefix sums of num_new
+    decode_only   = False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["AttentionBatch"]
+
+
+@dataclass(frozen=True)
+class AttentionBatch:
+    """Where the T new tokens of B sequences sit in the paged KV cache (module docstring has an example).
+
+    Attributes
+    ----------
+    positions : int64 [T], position of each new token in its sequence (RoPE and causal mask)
+    slot_mapping : int64 [T], cache slot (block·block_size + offset) each new token's k/v is written to;
+        -1 skips the write
+    block_tables : int32 [B, M], cache blocks of each sequence in order (unused entries arbitrary)
+    seq_lens : int32 [B], tokens of each sequence in the cache after this step (cached + new)
+    cu_seqlens_q : int32 [B+1], new tokens of sequence b are rows cu_seqlens_q[b]:cu_seqlens_q[b+1]
+    decode_only : every sequence has exactly one new token (T == B): use the decode attention kernel
+    logits_indices : int64 [N] rows of the T tokens whose logits are wanted (e.g. the last token of each
+        sequence); None computes logits for all T rows
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    decode_only: bool
+    logits_indices: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    @classmethod
+    def build(
+        cls,
+        block_tables: Sequence[Sequence[int]],
+        num_cached: Sequence[int],
+        num_new: Sequence[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+        last_token_logits_only: bool = False,
+    ) -> AttentionBatch:
+        """Build the metadata on the host from per-sequence lists (see the module docstring).
+
+        Parameters
+        ----------
+        block_tables : B lists of block ids; sequence b needs ceil((num_cached[b]+num_new[b]) / block_size)
+        num_cached : tokens of each sequence already in the cache
+        num_new : new tokens of each sequence in this step (≥ 1)
+        block_size : tokens per cache block
+        last_token_logits_only : set ``logits_indices`` to the last new token of each sequence
+        """
+        b = len(block_tables)
+        if not (len(num_cached) == len(num_new) == b) or b == 0:
+            raise ValueError(f"AttentionBatch.build: need B ≥ 1 equally long lists, got block_tables={b}, "
+                             f"num_cached={len(num_cached)}, num_new={len(num_new)}")
+        positions: list[int] = []
+        slots: list[int] = []
+        for s, (table, cached, new) in enumerate(zip(block_tables, num_cached, num_new)):
+            if new < 1 or cached < 0:
+                raise ValueError(f"AttentionBatch.build: sequence {s} has num_cached={cached}, num_new={new}")
+            if (cached + new + block_size - 1) // block_size > len(table):
+                raise ValueError(f"AttentionBatch.build: sequence {s} needs {cached + new} tokens but its block "
+                                 f"table holds {len(table)} blocks of {block_size}")
+            for p in range(cached, cached + new):
+                positions.append(p)
+                slots.append(table[p // block_size] * block_size + p % block_size)
+        width = max(len(t) for t in block_tables)
+        tables = [list(t) + [0] * (width - len(t)) for t in block_tables]
+        cu = [0]
+        for new in num_new:
+            cu.append(cu[-1] + new)
+        logits_indices = torch.tensor(cu[1:], device=device) - 1 if last_token_logits_only else None
+        return cls(
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([c + n for c, n in zip(num_cached, num_new)], dtype=torch.int32, device=device),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+            decode_only=all(n == 1 for n in num_new),
+            logits_indices=logits_indices,
+        )

@@ -1,0 +1,195 @@
+"""Mistral / Mixtral / Llama-family decoders on this package's ops, with a paged KV cache.
+
+Shape letters: T new tokens (packed over the batch), B sequences, H hidden, I intermediate,
+Hq / Hkv heads, D head_dim, V vocab, E experts, N cache blocks, S block size.
+
+One forward step::
+
+    residual = 0;  x = embed[token_ids]                                       # [T, H]
+    per layer:  residual += x;  x = rms_norm(residual)        (fused_add_rms_norm)
+                qkv = x·Wqkvᵀ → RoPE(q, k) → k, v into the paged cache → paged attention → ·Woᵀ
+                residual += x;  x = rms_norm(residual)        (fused_add_rms_norm)
+                x = SwiGLU(x)  or  fused_moe(x)
+    residual += x;  x = rms_norm(residual);  logits = x·W_lmᵀ (fp32)          # [T or N, V]
+
+Usage by an engine: allocate a :class:`KVCache` (``model.new_cache(num_blocks, block_size)``), hand out
+its blocks to sequences (block manager), and call :meth:`Model.forward` with the new tokens and an
+:class:`~mistral_kernels.batch.AttentionBatch` describing where they go — prefill (any number of new
+tokens per sequence, after an optional cached prefix) and decode (one new token per sequence) alike.
+:meth:`Model.logits` is the one-call helper: one fresh prefill of one sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+from .batch import AttentionBatch
+from .config import ModelConfig
+from .weights import load_checkpoint
+
+__all__ = ["KVCache", "Model", "load_model"]
+
+
+@dataclass
+class KVCache:
+    """Paged K/V storage of one model: per layer, k and v tensors [N, S, Hkv, D].
+
+    Which blocks belong to which sequence is the caller's business (block tables in the AttentionBatch).
+    """
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int, *,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> KVCache:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"KVCache.allocate: need num_blocks >= 1 and block_size >= 1, got {num_blocks}, "
+                             f"{block_size}")
+        shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        return cls(k=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)],
+                   v=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)])
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k[0].shape[1]
+
+
+class DecoderLayer:
+    """RMSNorm → attention → fused add + RMSNorm → SwiGLU / MoE FFN, weights from the fused checkpoint."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int) -> None:
+        p = f"layers.{index}."
+        self.config = config
+        self.attn_norm = weights[p + "attn_norm"]  # [H]
+        self.qkv = weights[p + "qkv"]              # [(Hq + 2·Hkv)·D, H]
+        self.wo = weights[p + "wo"]                # [H, Hq·D]
+        self.ffn_norm = weights[p + "ffn_norm"]    # [H]
+        if config.is_moe:
+            self.gate = weights[p + "gate"]        # [E, H]
+            self.w1 = weights[p + "w1"]            # [E, I, H]
+            self.w3 = weights[p + "w3"]            # [E, I, H]
+            self.w2 = weights[p + "w2"]            # [E, H, I]
+        else:
+            self.w13 = weights[p + "w13"]          # [2I, H]: gate rows then up rows
+            self.w2 = weights[p + "w2"]            # [H, I]
+
+    def attention(self, x: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """x [T, H] (normed) → attention output projected back to [T, H]; writes k, v into the cache."""
+        c = self.config
+        t = x.shape[0]
+        qkv = ops.linear(x, self.qkv)                                            # [T, (Hq+2Hkv)·D]
+        q, k, v = qkv.split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], -1)
+        q = q.view(t, c.n_heads, c.head_dim)                                   # [T, Hq, D] (token-strided views)
+        k = k.view(t, c.n_kv_heads, c.head_dim)                                # [T, Hkv, D]
+        v = v.view(t, c.n_kv_heads, c.head_dim)
+        ops.rotary_embedding(batch.positions, q, k, cos_sin, c.rope_is_neox)
+        ops.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
+        scale = c.head_dim ** -0.5
+        if batch.decode_only:
+            out = ops.paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale,
+                                             c.sliding_window)
+        else:
+            out = ops.paged_prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q,
+                                              batch.seq_lens, scale, c.sliding_window)
+        return ops.linear(out.view(t, c.n_heads * c.head_dim), self.wo)          # [T, H]
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] (normed) → [T, H]: SwiGLU, or Mixtral's sparse MoE block."""
+        if self.config.is_moe:
+            return ops.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
+        return ops.linear(ops.silu_and_mul(ops.linear(x, self.w13)), self.w2)    # [T, 2I] → [T, I] → [T, H]
+
+
+class Model:
+    """A decoder with fused weights (see :mod:`mistral_kernels.weights` for the names and shapes).
+
+    Parameters
+    ----------
+    config : the architecture
+    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`)
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+        self.config = config
+        self.embed = weights["embed"]                                          # [V, H]
+        self.norm = weights["norm"]                                            # [H]
+        self.lm_head = self.embed if config.tie_embeddings else weights["lm_head"]  # [V, H]
+        self.layers = [DecoderLayer(config, weights, n) for n in range(config.n_layers)]
+        self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        self.cos_sin = ops.rope_cos_sin_cache(config.max_position, config.rot_dim, config.rope_theta,
+                                              self.device)                    # fp32 [max_position, R]
+
+    def new_cache(self, num_blocks: int, block_size: int) -> KVCache:
+        """A zeroed paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens, in the model's dtype."""
+        return KVCache.allocate(self.config, num_blocks, block_size, device=self.device, dtype=self.dtype)
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
+        """One step over the packed new tokens of a batch of sequences.
+
+        Parameters
+        ----------
+        token_ids : int64 [T], the new tokens packed by sequence (``batch.cu_seqlens_q``)
+        batch : where the tokens sit (positions, cache slots, block tables; see :class:`AttentionBatch`)
+        cache : the paged KV cache; the new tokens' k/v are written to ``batch.slot_mapping``
+
+        Returns
+        -------
+        fp32 logits [N, V] for the rows ``batch.logits_indices`` (N = T when None).
+        """
+        if token_ids.dim() != 1 or token_ids.shape[0] != batch.num_tokens:
+            raise ValueError(f"Model.forward: token_ids must be [T] with T = {batch.num_tokens} (batch.positions), "
+                             f"got {tuple(token_ids.shape)}")
+        eps = self.config.norm_eps
+        x = F.embedding(token_ids, self.embed)                                 # [T, H]
+        residual = torch.zeros_like(x)                                         # first fused add copies x
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            ops.fused_add_rms_norm(x, residual, layer.attn_norm, eps)          # residual += x; x = norm(residual)
+            x = layer.attention(x, batch, self.cos_sin, k_cache, v_cache)
+            ops.fused_add_rms_norm(x, residual, layer.ffn_norm, eps)
+            x = layer.ffn(x)
+        ops.fused_add_rms_norm(x, residual, self.norm, eps)
+        if batch.logits_indices is not None:
+            x = x[batch.logits_indices]                                        # [N, H]
+        return ops.linear(x, self.lm_head).float()                               # [N, V]
+
+    def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [T, V] of one sequence: a single prefill into a fresh cache."""
+        if token_ids.dim() != 1 or token_ids.shape[0] == 0:
+            raise ValueError(f"Model.logits: token_ids must be a non-empty 1-D tensor, got {tuple(token_ids.shape)}")
+        t, block_size = token_ids.shape[0], 16
+        num_blocks = (t + block_size - 1) // block_size
+        cache = self.new_cache(num_blocks, block_size)
+        batch = AttentionBatch.build([list(range(num_blocks))], [0], [t], block_size, self.device)
+        return self.forward(token_ids.to(self.device), batch, cache)
+
+    def num_parameters(self, active_only: bool = False) -> int:
+        """Parameter count (see :meth:`ModelConfig.num_parameters`; ``active_only``: k of E experts)."""
+        return self.config.num_parameters(active_only)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Forward FLOPs of one token at context ``seq_len`` (table in :meth:`ModelConfig.flops_per_token`)."""
+        return self.config.flops_per_token(seq_len)
+
+
+def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               progress: bool = True) -> Model:
+    """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
+
+    The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
+    metadata); RoPE layout follows the format; weights are not permuted.
+    """
+    config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress)
+    return Model(config, weights)

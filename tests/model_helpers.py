@@ -1,0 +1,108 @@
+"""Helpers shared by the model tests: greedy decoding through the paged cache, transformers references,
+HF → Mistral consolidated conversion.
+
+Shape letters: T tokens, V vocab, H hidden, D head_dim.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from mistral_kernels.batch import AttentionBatch
+from mistral_kernels.model import Model
+
+
+def greedy_ours(model: Model, prompt: torch.Tensor, n: int, block_size: int = 8) -> list[int]:
+    """Prefill ``prompt`` then decode ``n`` tokens one at a time through the paged cache (argmax)."""
+    total = prompt.shape[0] + n
+    num_blocks = (total + block_size - 1) // block_size
+    table = list(range(num_blocks))[::-1]  # blocks in reverse physical order: the block table matters
+    cache = model.new_cache(num_blocks, block_size)
+    batch = AttentionBatch.build([table], [0], [prompt.shape[0]], block_size, last_token_logits_only=True)
+    logits = model.forward(prompt, batch, cache)  # [1, V]
+    tokens: list[int] = []
+    for i in range(n):
+        token = logits[-1].argmax()
+        tokens.append(int(token))
+        if i + 1 < n:
+            batch = AttentionBatch.build([table], [prompt.shape[0] + i], [1], block_size)
+            logits = model.forward(token.view(1), batch, cache)
+    return tokens
+
+
+@torch.no_grad()
+def greedy_transformers(hf_model: torch.nn.Module, prompt: torch.Tensor, n: int) -> list[int]:
+    """Greedy continuation by transformers, recomputing the whole sequence each step (no cache)."""
+    ids = prompt[None]
+    tokens: list[int] = []
+    for _ in range(n):
+        token = hf_model(ids, use_cache=False).logits[0, -1].argmax()
+        tokens.append(int(token))
+        ids = torch.cat([ids, token.view(1, 1)], dim=1)
+    return tokens
+
+
+@torch.no_grad()
+def logits_transformers(hf_model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [T, V] of one sequence."""
+    return hf_model(ids[None], use_cache=False).logits[0].float()
+
+
+def _hf_to_interleaved(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    """Inverse of DESIGN.md §6: HF (neox) q/k rows → consolidated (interleaved) rows."""
+    dim = w.shape[1]
+    return w.view(n_heads, 2, head_dim // 2, dim).transpose(1, 2).reshape(n_heads * head_dim, dim)
+
+
+def save_consolidated(hf_dir: Path, out_dir: Path) -> None:
+    """Convert a saved HF Mistral / Mixtral checkpoint into a Mistral consolidated directory."""
+    from safetensors import safe_open
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // hq
+    renames = {
+        "model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    parts = {
+        "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+        "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+        "mlp.down_proj": "feed_forward.w2", "block_sparse_moe.gate": "feed_forward.gate",
+    }
+    out: dict[str, torch.Tensor] = {}
+    with safe_open(str(hf_dir / "model.safetensors"), framework="pt") as f:
+        for name in f.keys():
+            w = f.get_tensor(name)
+            if name in renames:
+                out[renames[name]] = w
+                continue
+            _, _, layer, rest = name.split(".", 3)  # model.layers.N.<rest>
+            rest = rest.removesuffix(".weight")
+            if rest.startswith("block_sparse_moe.experts."):
+                new = rest.replace("block_sparse_moe.experts.", "feed_forward.experts.")
+            else:
+                new = parts[rest]
+            if rest == "self_attn.q_proj":
+                w = _hf_to_interleaved(w, hq, hd)
+            elif rest == "self_attn.k_proj":
+                w = _hf_to_interleaved(w, hkv, hd)
+            out[f"layers.{layer}.{new}.weight"] = w.contiguous()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(out_dir / "consolidated.safetensors"))
+    params = {
+        "dim": cfg["hidden_size"], "n_layers": cfg["num_hidden_layers"], "head_dim": hd,
+        "hidden_dim": cfg["intermediate_size"], "n_heads": hq, "n_kv_heads": hkv, "norm_eps": cfg["rms_norm_eps"],
+        "vocab_size": cfg["vocab_size"], "rope_theta": cfg["rope_parameters"]["rope_theta"],
+        "max_seq_len": cfg["max_position_embeddings"],
+    }
+    if cfg.get("sliding_window"):
+        params["sliding_window"] = cfg["sliding_window"]
+    if cfg["model_type"] == "mixtral":
+        params["moe"] = {"num_experts": cfg["num_local_experts"], "num_experts_per_tok": cfg["num_experts_per_tok"]}
+    (out_dir / "params.json").write_text(json.dumps(params))

@@ -1,0 +1,202 @@
+"""Decoders vs transformers on tiny random checkpoints (HF and consolidated), incremental decode, sizes.
+
+Reference: transformers' MistralForCausalLM / MixtralForCausalLM (eager attention) on the very
+checkpoint we load. Tolerances (DESIGN.md §5): |Δlogit| ≤ 1e-3 vs transformers in fp32, equal greedy
+tokens; incremental decode vs full prefill ≤ 1e-4.
+Shape letters: T tokens, V vocab, L layers, Hq heads, D head_dim, W sliding window.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mistral_kernels import load_model
+from mistral_kernels.batch import AttentionBatch
+from mistral_kernels.config import ModelConfig
+from mistral_kernels.weights import CheckpointError, expected_shapes, load_checkpoint
+
+from .model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, WINDOW, SEQ = 128, 16, 40
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2,
+              rms_norm_eps=1e-5, attn_implementation="eager")
+
+
+def _hf_config(kind: str, **extra: object) -> transformers.PretrainedConfig:
+    if kind == "mistral":
+        return transformers.MistralConfig(sliding_window=WINDOW, **COMMON, **extra)
+    return transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6, **COMMON, **extra)
+
+
+@pytest.fixture(scope="module", params=["mistral", "mixtral"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(kind, HF dir, consolidated dir, transformers model) for a random tiny model saved with save_pretrained."""
+    kind = request.param
+    torch.manual_seed(0)
+    model_cls = transformers.MistralForCausalLM if kind == "mistral" else transformers.MixtralForCausalLM
+    hf = model_cls(_hf_config(kind)).eval()
+    root = tmp_path_factory.mktemp(kind)
+    hf.save_pretrained(root / "hf")
+    save_consolidated(root / "hf", root / "consolidated")
+    return kind, root / "hf", root / "consolidated", hf
+
+
+@pytest.fixture(scope="module")
+def prompt() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("layout", ["hf", "consolidated"])
+def test_logits_and_greedy_match_transformers(checkpoint, prompt: torch.Tensor, layout: str) -> None:
+    kind, hf_dir, consolidated_dir, hf = checkpoint
+    ours = load_model(hf_dir if layout == "hf" else consolidated_dir, progress=False)
+    assert ours.config.rope_is_neox == (layout == "hf")
+    assert ours.config.sliding_window == (WINDOW if kind == "mistral" else None)
+    assert ours.config.is_moe == (kind == "mixtral")
+    expected = logits_transformers(hf, prompt)
+    got = ours.logits(prompt)
+    assert got.dtype == torch.float32 and got.shape == (SEQ, VOCAB)
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
+    assert greedy_ours(ours, prompt, 32) == greedy_transformers(hf, prompt, 32)
+
+
+def test_sliding_window_is_exercised(prompt: torch.Tensor) -> None:
+    """With W=16 and 40 tokens, the windowed reference differs from full causal attention past the window,
+    so the parity tests above do check the window."""
+    torch.manual_seed(0)
+    windowed = transformers.MistralForCausalLM(_hf_config("mistral")).eval()
+    causal = transformers.MistralForCausalLM(transformers.MistralConfig(**{**COMMON, "sliding_window": None})).eval()
+    causal.load_state_dict(windowed.state_dict())
+    a, b = logits_transformers(windowed, prompt), logits_transformers(causal, prompt)
+    torch.testing.assert_close(a[:WINDOW], b[:WINDOW], atol=1e-5, rtol=0)
+    assert (a[WINDOW:] - b[WINDOW:]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("prefix", [1, 7, 20])
+def test_incremental_decode_matches_prefill(checkpoint, prompt: torch.Tensor, prefix: int) -> None:
+    """Prefill `prefix` tokens, then one token at a time (beyond W=16 too): logits equal full prefill."""
+    _, hf_dir, _, _ = checkpoint
+    ours = load_model(hf_dir, progress=False)
+    full = ours.logits(prompt)
+    block_size = 4
+    table = [9, 2, 7, 0, 5, 1, 8, 3, 6, 4]  # 10 blocks × 4 = 40 slots, scattered physical order
+    cache = ours.new_cache(12, block_size)
+    steps = [ours.forward(prompt[:prefix], AttentionBatch.build([table], [0], [prefix], block_size), cache)]
+    for p in range(prefix, SEQ):
+        batch = AttentionBatch.build([table], [p], [1], block_size)
+        assert batch.decode_only
+        steps.append(ours.forward(prompt[p:p + 1], batch, cache))
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-4, rtol=0)
+
+
+def test_batched_chunked_prefill_and_decode(checkpoint, prompt: torch.Tensor) -> None:
+    """Two sequences in one batch: a chunk after a cached prefix + a fresh prefill, then a joint decode step."""
+    _, hf_dir, _, _ = checkpoint
+    ours = load_model(hf_dir, progress=False)
+    a, b = prompt[:30], prompt[10:35]
+    full_a, full_b = ours.logits(a), ours.logits(b)
+    bs = 8
+    table_a, table_b = [3, 0, 6, 1], [5, 2, 7, 4]
+    cache = ours.new_cache(8, bs)
+    ours.forward(a[:12], AttentionBatch.build([table_a], [0], [12], bs), cache)  # cached prefix of a
+    step = AttentionBatch.build([table_a, table_b], [12, 0], [17, 24], bs, last_token_logits_only=True)
+    last = ours.forward(torch.cat([a[12:29], b[:24]]), step, cache)  # [2, V]: a's row 28, b's row 23
+    torch.testing.assert_close(last, torch.stack([full_a[28], full_b[23]]), atol=1e-4, rtol=0)
+    step = AttentionBatch.build([table_a, table_b], [29, 24], [1, 1], bs)
+    last = ours.forward(torch.stack([a[29], b[24]]), step, cache)
+    torch.testing.assert_close(last, torch.stack([full_a[29], full_b[24]]), atol=1e-4, rtol=0)
+
+
+def test_bf16_close_to_fp32(checkpoint, prompt: torch.Tensor) -> None:
+    _, hf_dir, _, _ = checkpoint
+    fp32 = load_model(hf_dir, progress=False).logits(prompt)
+    bf16 = load_model(hf_dir, dtype=torch.bfloat16, progress=False).logits(prompt)
+    assert bf16.dtype == torch.float32
+    scale = fp32.abs().max()
+    assert (bf16 - fp32).abs().max() < 0.05 * scale
+
+
+def test_config_sources_agree(checkpoint) -> None:
+    """config.json and params.json of the same model give the same config up to the RoPE layout."""
+    _, hf_dir, consolidated_dir, hf = checkpoint
+    from_hf = ModelConfig.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    from_params = ModelConfig.from_params_json(json.loads((consolidated_dir / "params.json").read_text()))
+    assert from_hf.replace(rope_is_neox=False, bos_token_id=None, eos_token_ids=()) == from_params
+    assert from_hf.num_parameters() == hf.num_parameters()
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_checkpoint_errors_list_every_problem(checkpoint, tmp_path: Path) -> None:
+    _, hf_dir, _, _ = checkpoint
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.q_proj.weight"]
+    del tensors["model.norm.weight"]
+    tensors["model.layers.0.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.k_proj.weight"][:8]
+    tensors["model.layers.0.self_attn.q_bias"] = torch.zeros(4)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    save_file(tensors, str(bad / "model.safetensors"))
+    (bad / "config.json").write_text((hf_dir / "config.json").read_text())
+    with pytest.raises(CheckpointError) as info:
+        load_model(bad, progress=False)
+    message = str(info.value)
+    for needle in ("missing", "layers.1.wq", "norm", "unexpected", "model.layers.0.self_attn.q_bias",
+                   "mis-shaped", "model.layers.0.self_attn.k_proj.weight", "[8, 64], expected [32, 64]"):
+        assert needle in message, (needle, message)
+
+
+def test_format_detection_errors(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "model.gguf").write_bytes(b"NOTGGUF")
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        load_checkpoint(tmp_path / "model.gguf")
+
+
+def test_unsupported_hf_configs_raise() -> None:
+    base = json.loads(transformers.MistralConfig(**COMMON).to_json_string())
+    with pytest.raises(ValueError, match="model_type='qwen2'"):
+        ModelConfig.from_hf_config({**base, "model_type": "qwen2"})
+    with pytest.raises(ValueError, match="attention_bias"):
+        ModelConfig.from_hf_config({**base, "model_type": "llama", "attention_bias": True})
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        ModelConfig.from_hf_config({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
+
+
+# ------------------------------------------------------------------------------------------ sizes
+def test_mixtral_8x7b_parameter_counts() -> None:
+    config = ModelConfig.mixtral_8x7b()
+    total, active = config.num_parameters(), config.num_parameters(active_only=True)
+    assert round(total / 1e9, 1) == 46.7
+    assert round(active / 1e9, 1) == 12.9
+    assert total == sum(torch.Size(s).numel() for s in expected_shapes(config).values())
+    assert round(ModelConfig.mistral_7b_v01().num_parameters() / 1e9, 2) == 7.24
+
+
+@pytest.mark.parametrize("config", [ModelConfig.mixtral_8x7b(), ModelConfig.mistral_7b_v01(),
+                                    ModelConfig.tiny_mistral().replace(tie_embeddings=True)])
+def test_flops_per_token(config: ModelConfig) -> None:
+    """2 FLOPs per active matmul weight + 4·L·C·Hq·D for attention over C = min(seq_len, W) keys."""
+    shapes = expected_shapes(config)
+    per_expert = config.top_k / config.num_experts if config.is_moe else 1.0
+    matmul = 0.0
+    for name, shape in shapes.items():
+        if name.endswith(("norm", "embed")):
+            continue
+        matmul += torch.Size(shape).numel() * (per_expert if ".experts." in name else 1.0)
+    if config.tie_embeddings:
+        matmul += torch.Size(shapes["embed"]).numel()  # the tied LM head
+    for seq_len in (1, 100, 5000):
+        keys = min(seq_len, config.sliding_window or seq_len)
+        attention = 4 * config.n_layers * keys * config.n_heads * config.head_dim
+        assert config.flops_per_token(seq_len) == pytest.approx(2 * matmul + attention, rel=1e-12)
