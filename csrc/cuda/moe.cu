@@ -1,0 +1,12 @@
+// cuda/moe.cu — registers the CUDA kernels of topk_softmax, moe_permute, moe_unpermute, fused_moe.
+#include "backend.h"
+#include "../glue/moe.h"
+
+#include <torch/library.h>
+
+TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) {
+  m.impl("topk_softmax", &mk::glue::topk_softmax);
+  m.impl("moe_permute", &mk::glue::moe_permute);
+  m.impl("moe_unpermute", &mk::glue::moe_unpermute);
+  m.impl("fused_moe", &mk::glue::fused_moe);
+}

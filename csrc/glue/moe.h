@@ -1,0 +1,162 @@
+// glue/moe.h — topk_softmax, moe_permute, moe_unpermute, fused_moe for the CUDA and emulated backends.
+// Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = T·k permuted rows.
+//
+// fused_moe composes the kernels without a host sync (the expert offsets never leave the device):
+//   logits [T, E]   = grouped_gemm(x, gate_weight as one group)            (dtype of x)
+//   weights, ids    = topk_softmax(logits)                                  (fp32, int32)
+//   permuted [M, H] = moe_permute(x, ids)  + offsets [E+1], inv_perm [T, k]
+//   h13 [M, 2I]     = [grouped_gemm(permuted, w1) | grouped_gemm(permuted, w3)]   (segments by offsets)
+//   act [M, I]      = silu_and_mul(h13)
+//   y [M, H]        = grouped_gemm(act, w2)
+//   out [T, H]      = moe_unpermute(y, weights, inv_perm)
+// Index ranges of device tensors are checked by the Python wrappers; CPU ones (emulated) here.
+#pragma once
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include "../checks/moe.h"
+#include "../kernels/activation.cuh"
+#include "../kernels/grouped_gemm.cuh"
+#include "../kernels/moe_permute.cuh"
+#include "../kernels/moe_router.cuh"
+#include "common.h"
+
+namespace mk::glue {
+
+namespace moe_detail {
+
+inline void check_expert_count(const char* op, int64_t E) {
+  TORCH_CHECK(E <= kPermuteMaxExperts && E <= kRouterMaxExperts, op, ": at most ", kPermuteMaxExperts,
+              " experts are supported by the ", backend::kName, " kernels, got E = ", E);
+}
+
+template <typename S>
+void router(const char* op, at::Tensor& weights, at::Tensor& ids, const at::Tensor& logits, bool renormalize,
+            cudaStream_t stream) {
+  check_launch(launch_topk_softmax(weights.data_ptr<float>(), ids.data_ptr<int32_t>(), kptr<S>(logits),
+                                   logits.size(0), static_cast<int>(logits.size(1)), static_cast<int>(weights.size(1)),
+                                   renormalize, stream),
+               op);
+}
+
+template <typename S>
+void permute(const char* op, at::Tensor& permuted, at::Tensor& offsets, at::Tensor& inv_perm, const at::Tensor& x,
+             const at::Tensor& ids, int64_t E, cudaStream_t stream) {
+  const int64_t n = ids.numel();
+  at::Tensor counts = at::zeros({std::max<int64_t>(1, ceil_div(n, kPermuteChunk)), E}, ids.options());
+  at::Tensor rank = at::empty({std::max<int64_t>(1, n)}, ids.options());
+  check_launch(launch_moe_permute(kptr<S>(permuted), offsets.data_ptr<int64_t>(), inv_perm.data_ptr<int32_t>(),
+                                  counts.data_ptr<int32_t>(), rank.data_ptr<int32_t>(), kptr<S>(x),
+                                  ids.const_data_ptr<int32_t>(), x.size(0), ids.size(1), x.size(1),
+                                  static_cast<int>(E), stream),
+               op);
+}
+
+template <typename S>
+void unpermute(const char* op, at::Tensor& out, const at::Tensor& y, const at::Tensor& weights,
+               const at::Tensor& inv_perm, cudaStream_t stream) {
+  const int64_t T = out.size(0), H = out.size(1), k = inv_perm.size(1), M = y.size(0);
+  constexpr int64_t kMaxRows = 65535;  // grid.y limit: launch in chunks of tokens
+  for (int64_t t0 = 0; t0 < T; t0 += kMaxRows) {
+    const int64_t nt = std::min(kMaxRows, T - t0);
+    check_launch(launch_moe_unpermute(kptr<S>(out) + t0 * H, kptr<S>(y), weights.const_data_ptr<float>() + t0 * k,
+                                      inv_perm.const_data_ptr<int32_t>() + t0 * k, nt, k, H, M, stream),
+                 op);
+  }
+}
+
+}  // namespace moe_detail
+
+// topk_weights fp32 [T, k], topk_ids int32 [T, k]  ←  gating_logits [T, E]
+inline void topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& gating_logits,
+                         bool renormalize) {
+  constexpr const char* op = "topk_softmax";
+  backend::require_device(op, "gating_logits", gating_logits);
+  check::topk_softmax_args(op, topk_weights, topk_ids, gating_logits, backend::kFloatTypes);
+  moe_detail::check_expert_count(op, gating_logits.size(1));
+  backend::Context ctx(gating_logits);
+  MK_DISPATCH_FLOAT(gating_logits.scalar_type(), op, [&] {
+    moe_detail::router<scalar_t>(op, topk_weights, topk_ids, gating_logits, renormalize, ctx.stream());
+  });
+}
+
+// permuted_x [T·k, H], expert_offsets int64 [E+1], inv_perm int32 [T, k]  ←  x [T, H], topk_ids int32 [T, k]
+inline void moe_permute(at::Tensor& permuted_x, at::Tensor& expert_offsets, at::Tensor& inv_perm, const at::Tensor& x,
+                        const at::Tensor& topk_ids) {
+  constexpr const char* op = "moe_permute";
+  backend::require_device(op, "x", x);
+  check::moe_permute_args(op, permuted_x, expert_offsets, inv_perm, x, topk_ids, backend::kFloatTypes);
+  const int64_t E = expert_offsets.size(0) - 1;
+  moe_detail::check_expert_count(op, E);
+  check::index_range_cpu<int32_t>(op, "topk_ids", topk_ids, 0, E, "expert ids, E = expert_offsets.shape[0] - 1");
+  backend::Context ctx(x);
+  MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    moe_detail::permute<scalar_t>(op, permuted_x, expert_offsets, inv_perm, x, topk_ids, E, ctx.stream());
+  });
+}
+
+// out [T, H] = Σ_j topk_weights[t, j] · expert_out[inv_perm[t, j]]
+inline void moe_unpermute(at::Tensor& out, const at::Tensor& expert_out, const at::Tensor& topk_weights,
+                          const at::Tensor& inv_perm) {
+  constexpr const char* op = "moe_unpermute";
+  backend::require_device(op, "expert_out", expert_out);
+  check::moe_unpermute_args(op, out, expert_out, topk_weights, inv_perm, backend::kFloatTypes);
+  check::index_range_cpu<int32_t>(op, "inv_perm", inv_perm, 0, expert_out.size(0), "rows of expert_out");
+  backend::Context ctx(expert_out);
+  MK_DISPATCH_FLOAT(expert_out.scalar_type(), op, [&] {
+    moe_detail::unpermute<scalar_t>(op, out, expert_out, topk_weights, inv_perm, ctx.stream());
+  });
+}
+
+// out [T, H] = Mixtral sparse MoE block(x [T, H])
+inline void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& w1,
+                      const at::Tensor& w2, const at::Tensor& w3, int64_t top_k, bool renormalize) {
+  constexpr const char* op = "fused_moe";
+  backend::require_device(op, "x", x);
+  check::fused_moe_args(op, out, x, gate_weight, w1, w2, w3, top_k, backend::kFloatTypes);
+  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), I = w1.size(1), k = top_k, M = T * k;
+  moe_detail::check_expert_count(op, E);
+  if (T == 0) return;
+  backend::Context ctx(x);
+  const cudaStream_t stream = ctx.stream();
+  at::Tensor logits = at::empty({T, E}, x.options());
+  at::Tensor weights = at::empty({T, k}, x.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty({T, k}, x.options().dtype(at::kInt));
+  at::Tensor inv_perm = at::empty({T, k}, x.options().dtype(at::kInt));
+  at::Tensor offsets = at::empty({E + 1}, x.options().dtype(at::kLong));
+  at::Tensor permuted = at::empty({M, H}, x.options());
+  at::Tensor h13 = at::empty({M, 2 * I}, x.options());
+  at::Tensor act = at::empty({M, I}, x.options());
+  at::Tensor y = at::empty({M, H}, x.options());
+  MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    using K = kernel_t<scalar_t>;
+    // router: one group [0, T) of the gate weight seen as [1, E, H]
+    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(logits), E, kptr<scalar_t>(x), H, kptr<scalar_t>(gate_weight),
+                                        static_cast<const int64_t*>(nullptr), 1, T, T, E, H, stream),
+                 op);
+    moe_detail::router<scalar_t>(op, weights, ids, logits, renormalize, stream);
+    moe_detail::permute<scalar_t>(op, permuted, offsets, inv_perm, x, ids, E, stream);
+    const int64_t* off = offsets.const_data_ptr<int64_t>();
+    const int G = static_cast<int>(E);
+    K* h = kptr<scalar_t>(h13);
+    // A token picks an expert at most once: no segment exceeds T rows.
+    check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<scalar_t>(permuted), H, kptr<scalar_t>(w1), off, G, M, T, I, H,
+                                        stream),
+                 op);
+    check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<scalar_t>(permuted), H, kptr<scalar_t>(w3), off, G, M, T, I,
+                                        H, stream),
+                 op);
+    constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
+    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
+      check_launch(launch_silu_and_mul(kptr<scalar_t>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I,
+                                       stream),
+                   op);
+    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(y), H, kptr<scalar_t>(act), I, kptr<scalar_t>(w2), off, G, M, T,
+                                        H, I, stream),
+                 op);
+    moe_detail::unpermute<scalar_t>(op, out, y, weights, inv_perm, stream);
+  });
+}
+
+}  // namespace mk::glue
