@@ -79,6 +79,10 @@ class BlockManager:
         """The sequence's table (logical block i → physical id; :data:`FREED` where freed by the window)."""
         return self._tables[seq]
 
+    def owned_blocks(self, seq: Hashable) -> frozenset[int]:
+        """Physical blocks the sequence holds (window-freed entries excluded)."""
+        return frozenset(self._owned.get(seq, ()))
+
     def num_owned(self, seq: Hashable) -> int:
         """Physical blocks the sequence holds."""
         return len(self._owned.get(seq, ()))

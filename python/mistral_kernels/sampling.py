@@ -115,7 +115,7 @@ def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     probs = sorted_x.masked_fill(drop, float("-inf")).softmax(dim=-1)
     # top-p: keep a token if the mass strictly before it is < top_p (so the first token is always kept).
     before = probs.cumsum(dim=-1) - probs
-    drop |= before >= top_p[:, None]
+    drop |= (before >= top_p[:, None]) & (top_p[:, None] < 1.0)  # (cumsum rounding may reach 1 early)
     # min-p: relative to the most likely token (probabilities after temperature, top-k).
     drop |= probs < (min_p[:, None] * probs[:, :1])
     drop[:, 0] = False
