@@ -1,0 +1,142 @@
+// glue/attention.h — reshape_and_cache, paged_decode_attention, paged_prefill_attention for the CUDA
+// and emulated backends: checks, split-K workspace, dtype / head_dim dispatch, launch.
+// Shapes: see csrc/checks/attention.h (T tokens, Tq packed queries, B sequences, Hq / Hkv heads,
+// D head_dim, N num_blocks, S block_size, M max_blocks, P split-K partitions).
+#pragma once
+
+#include <ATen/ops/empty.h>
+
+#include <vector>
+
+#include "../checks/attention.h"
+#include "../kernels/kv_cache.cuh"
+#include "../kernels/paged_decode.cuh"
+#include "../kernels/paged_prefill.cuh"
+#include "common.h"
+
+namespace mk::glue {
+
+inline void check_attention_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err != cudaErrorMisalignedAddress, op,
+              ": k_cache, v_cache (and for prefill q's rows and token stride) must be 16-byte aligned for the "
+              "vectorised kernels; pass tensors allocated by torch (not offset views)");
+  check_launch(err, op);
+}
+
+inline void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                              const at::Tensor& slot_mapping) {
+  constexpr const char* op = "reshape_and_cache";
+  backend::require_device(op, "k", k);
+  check::reshape_and_cache_args(op, k, v, k_cache, v_cache, slot_mapping, backend::kFloatTypes);
+  backend::Context ctx(k);
+  MK_DISPATCH_FLOAT(k.scalar_type(), op, [&] {
+    check_launch(launch_reshape_and_cache(kptr<scalar_t>(k), kptr<scalar_t>(v), kptr<scalar_t>(k_cache),
+                                          kptr<scalar_t>(v_cache), slot_mapping.const_data_ptr<int64_t>(), k.size(0),
+                                          k.stride(0), v.stride(0), k.size(1) * k.size(2),
+                                          k_cache.size(0) * k_cache.size(1), ctx.stream()),
+                 op);
+  });
+}
+
+inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                   const at::Tensor& seq_lens, double scale, int64_t sliding_window,
+                                   int64_t partition_size) {
+  constexpr const char* op = "paged_decode_attention";
+  backend::require_device(op, "q", q);
+  check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, backend::kFloatTypes,
+                               true);
+  TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
+  const int64_t B = seq_lens.size(0);
+  if (seq_lens.device().is_cpu()) {  // emulated backend: index contents checked here (CUDA: by the wrapper)
+    std::vector<int64_t> first(B);
+    const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b) first[b] = check::first_visible_key(sl[b] - 1, sliding_window);
+    check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, first.data());
+  }
+  if (out.numel() == 0) return;
+  const int64_t part = partition_size > 0 ? partition_size : kDecodeAutoPartition;
+  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
+  const int64_t P = decode_num_partitions(capacity, sliding_window, part);
+  const int64_t Hq = q.size(1), D = q.size(2);
+  at::Tensor part_out, part_ml;
+  if (P > 1) {
+    part_out = at::empty({B, Hq, P, D}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({2, B, Hq, P}, q.options().dtype(at::kFloat));
+  }
+  backend::Context ctx(q);
+  MK_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
+    using K = kernel_t<scalar_t>;
+    DecodeParams<K> p{};
+    p.out = kptr<scalar_t>(out);
+    p.q = kptr<scalar_t>(q);
+    p.k_cache = kptr<scalar_t>(k_cache);
+    p.v_cache = kptr<scalar_t>(v_cache);
+    p.block_tables = block_tables.const_data_ptr<int32_t>();
+    p.seq_lens = seq_lens.const_data_ptr<int32_t>();
+    if (P > 1) {
+      p.part_out = part_out.data_ptr<float>();
+      p.part_m = part_ml.data_ptr<float>();
+      p.part_l = p.part_m + B * Hq * P;
+    }
+    p.q_stride = q.stride(0);
+    p.B = static_cast<int>(B);
+    p.Hq = static_cast<int>(Hq);
+    p.Hkv = static_cast<int>(k_cache.size(2));
+    p.S = static_cast<int>(k_cache.size(1));
+    p.M = static_cast<int>(block_tables.size(1));
+    p.N = static_cast<int>(k_cache.size(0));
+    p.window = static_cast<int>(sliding_window > 0 && sliding_window < capacity ? sliding_window : 0);
+    p.part_size = static_cast<int>(part);
+    p.P = static_cast<int>(P);
+    p.scale = static_cast<float>(scale);
+    check_attention_launch(launch_paged_decode(p, static_cast<int>(D), ctx.stream()), op);
+  });
+}
+
+inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                                    const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, double scale,
+                                    int64_t sliding_window) {
+  constexpr const char* op = "paged_prefill_attention";
+  backend::require_device(op, "q", q);
+  check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, backend::kFloatTypes,
+                               true);
+  check::prefill_shape_args(op, q, cu_seqlens_q, seq_lens);
+  const int64_t B = seq_lens.size(0);
+  if (seq_lens.device().is_cpu()) {  // emulated backend
+    check::cu_seqlens_cpu(op, cu_seqlens_q, seq_lens, q.size(0));
+    std::vector<int64_t> first(B);
+    const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
+    const int32_t* cu = cu_seqlens_q.const_data_ptr<int32_t>();
+    for (int64_t b = 0; b < B; ++b) first[b] = check::first_visible_key(sl[b] - (cu[b + 1] - cu[b]), sliding_window);
+    check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, first.data());
+  }
+  if (out.numel() == 0) return;
+  backend::Context ctx(q);
+  MK_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
+    using K = kernel_t<scalar_t>;
+    PrefillParams<K> p{};
+    p.out = kptr<scalar_t>(out);
+    p.q = kptr<scalar_t>(q);
+    p.k_cache = kptr<scalar_t>(k_cache);
+    p.v_cache = kptr<scalar_t>(v_cache);
+    p.block_tables = block_tables.const_data_ptr<int32_t>();
+    p.cu_seqlens_q = cu_seqlens_q.const_data_ptr<int32_t>();
+    p.seq_lens = seq_lens.const_data_ptr<int32_t>();
+    p.q_stride = q.stride(0);
+    p.Hq = static_cast<int>(q.size(1));
+    p.Hkv = static_cast<int>(k_cache.size(2));
+    p.S = static_cast<int>(k_cache.size(1));
+    p.M = static_cast<int>(block_tables.size(1));
+    p.N = static_cast<int>(k_cache.size(0));
+    // a window covering the whole block table is no window (and keeps the value within int)
+    const int64_t capacity = block_tables.size(1) * k_cache.size(1);
+    p.window = static_cast<int>(sliding_window > 0 && sliding_window < capacity ? sliding_window : 0);
+    p.scale = static_cast<float>(scale);
+    check_attention_launch(
+        launch_paged_prefill(p, q.size(0), static_cast<int>(B), static_cast<int>(q.size(2)), ctx.stream()), op);
+  });
+}
+
+}  // namespace mk::glue

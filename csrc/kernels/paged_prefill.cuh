@@ -1,0 +1,248 @@
+// paged_prefill.cuh — paged prefill attention: packed variable-length query chunks over their paged K/V,
+// causal + optional sliding window, native GQA (CUDA, framework-free; FlashAttention-2 style tiling).
+//
+// Shapes: Tq packed queries, B sequences, Hq / Hkv heads, G = Hq/Hkv, D head_dim, N num_blocks,
+// S block_size, M max_blocks; BM = 64 query rows per tile, BN = 32 keys per K/V tile.
+//   q [Tq, Hq, D] (token stride q_stride, 16-byte aligned rows), out [Tq, Hq, D] contiguous,
+//   k_cache / v_cache [N, S, Hkv, D], block_tables int32 [B, M], cu_seqlens_q int32 [B+1], seq_lens int32 [B].
+// Sequence b's q_b = cu[b+1]-cu[b] new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query
+// at position p sees keys max(0, p-W+1) ≤ j ≤ p.
+//
+// Grid (ceil(Tq·G/BM), Hkv, B); 4 warps. The rows of a tile are (token, q head) pairs of ONE kv head,
+// token-major (row r → token r / G, head r % G): the G heads of a GQA group share every K/V tile, so
+// K/V is read once per kv head and query tile. Blocks past their sequence's q_b·G rows exit at once.
+// Per K/V tile: the block gathers BN keys' K and V rows through the block table into shared memory
+// (16-byte vectors; keys outside the tile's visible range are zero-filled and never read from the
+// cache), then each warp computes its 16×BN score tile, updates its rows' online softmax (fp32 running
+// max / sum, fully masked rows keep m = -inf and contribute nothing) and accumulates P·V.
+// Register layout = the mma.sync.m16n8k16 accumulator fragment: lane l holds rows l/4 and l/4+8 of its
+// warp's 16 rows and columns 2·(l%4)+{0,1} of every 8-wide column tile (of S: BN/8 tiles, of O: D/8),
+// so row reductions are two xor-shuffles and the scalar FMA loops can be swapped for mma.sync (Q·Kᵀ with
+// ldmatrix from the same shared tiles; P re-packed as the A operand of P·V) without changing the tiling.
+//
+// Bound: compute (FLOPs = 4·Σ visible(q,k)·D per head) — without tensor cores this scalar version runs
+// at CUDA-core FP32 rate (~19.5 TFLOP/s A100); shared memory traffic per tile is (BM + 2·BN)·D·sizeof(T).
+// Shared memory: (BM + 2·BN)·D·sizeof(T) + 4·16·BN·4 bytes (fp32, D = 256: 136 KiB, sm_80 opt-in).
+#pragma once
+
+#include "common.cuh"
+
+namespace mk {
+
+inline constexpr int kPrefillBM = 64, kPrefillBN = 32, kPrefillWarps = 4;
+
+template <typename T>
+struct PrefillParams {
+  T* out;
+  const T* q;
+  const T* k_cache;
+  const T* v_cache;
+  const int32_t* block_tables;
+  const int32_t* cu_seqlens_q;
+  const int32_t* seq_lens;
+  int64_t q_stride;
+  int Hq, Hkv, S, M, N, window;
+  float scale;
+};
+
+__host__ __device__ __forceinline__ int64_t first_visible_key(int64_t pos, int window) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+template <typename T>
+__host__ __device__ constexpr size_t prefill_smem_bytes(int D) {
+  return static_cast<size_t>(kPrefillBM + 2 * kPrefillBN) * D * sizeof(T) +
+         static_cast<size_t>(kPrefillWarps) * 16 * kPrefillBN * sizeof(float);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kPrefillWarps * 32)
+paged_prefill_kernel(const PrefillParams<T> p) {
+  constexpr int BM = kPrefillBM, BN = kPrefillBN, VEC = kVec16<T>, NV = D / VEC, NT = BN / 8, OT = D / 8;
+  constexpr float kNegInf = -INFINITY;
+  static_assert(D % 8 == 0 && BM == kPrefillWarps * 16, "tile shape");
+  using V = Vec<T, VEC>;
+  SIMT_DYN_SMEM(unsigned char, smem);
+  T* Qs = reinterpret_cast<T*>(smem);                   // [BM][D]
+  T* Ks = Qs + BM * D;                                  // [BN][D]
+  T* Vs = Ks + BN * D;                                  // [BN][D]
+  float* Ps = reinterpret_cast<float*>(Vs + BN * D);    // [warps][16][BN]
+
+  const int tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int G = p.Hq / p.Hkv;
+  const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
+  const int64_t len = p.seq_lens[b];
+  const int rows = qlen * G, r0 = tile * BM;
+  if (r0 >= rows) return;  // uniform for the whole block
+  const int64_t pos0 = len - qlen;  // position of the sequence's first new token
+
+  for (int idx = threadIdx.x; idx < BM * NV; idx += blockDim.x) {
+    const int r = idx / NV, v = idx % NV, R = r0 + r;
+    V val;
+    if (R < rows) {
+      const int64_t tok = q0 + R / G, h = static_cast<int64_t>(kvh) * G + R % G;
+      val = *reinterpret_cast<const V*>(p.q + tok * p.q_stride + h * D + v * VEC);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) val.v[e] = simt::from_float<T>(0.f);
+    }
+    reinterpret_cast<V*>(Qs)[idx] = val;
+  }
+
+  const int last = min(r0 + BM, rows) - 1;
+  const int64_t kstart = first_visible_key(pos0 + r0 / G, p.window), kend = pos0 + last / G + 1;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cb = 2 * (lane & 3);  // first of this lane's two columns in every 8-wide tile
+  int rloc[2];                    // tile-local rows of this lane
+  int64_t rpos[2], rlo[2];        // their positions (-1: padding row) and first visible keys
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    rloc[h] = warp * 16 + (lane >> 2) + 8 * h;
+    const int R = r0 + rloc[h];
+    rpos[h] = R < rows ? pos0 + R / G : -1;
+    rlo[h] = first_visible_key(rpos[h], p.window);
+  }
+  float o[2][OT][2], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int t = 0; t < OT; ++t) o[h][t][0] = o[h][t][1] = 0.f;
+
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.M;
+  const int64_t row = static_cast<int64_t>(p.Hkv) * D;
+  float* Pw = Ps + warp * 16 * BN;
+
+  for (int64_t n0 = kstart; n0 < kend; n0 += BN) {
+    __syncthreads();  // the previous tile's K/V (and P) are consumed
+    for (int idx = threadIdx.x; idx < BN * NV; idx += blockDim.x) {
+      const int c = idx / NV, v = idx % NV;
+      const int64_t j = n0 + c;
+      V kv, vv;
+      bool ok = j < kend;
+      int32_t blk = 0;
+      if (ok) {
+        blk = bt[j / p.S];
+        ok = blk >= 0 && blk < p.N;
+      }
+      if (ok) {
+        const int64_t off = (static_cast<int64_t>(blk) * p.S + j % p.S) * row + static_cast<int64_t>(kvh) * D + v * VEC;
+        kv = *reinterpret_cast<const V*>(p.k_cache + off);
+        vv = *reinterpret_cast<const V*>(p.v_cache + off);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) kv.v[e] = vv.v[e] = simt::from_float<T>(0.f);
+      }
+      reinterpret_cast<V*>(Ks)[idx] = kv;
+      reinterpret_cast<V*>(Vs)[idx] = vv;
+    }
+    __syncthreads();
+
+    // S = Q·Kᵀ for this lane's 2 rows × (NT tiles × 2 columns), masked, scaled.
+    float s[2][NT][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = t * 8 + cb + e;
+          const int64_t j = n0 + col;
+          const bool vis = rpos[h] >= 0 && j >= rlo[h] && j <= rpos[h];
+          float acc = 0.f;
+          if (vis) {
+            const T* qr = Qs + rloc[h] * D;
+            const T* kr = Ks + col * D;
+            for (int d = 0; d < D; ++d) acc += simt::to_float(qr[d]) * simt::to_float(kr[d]);
+          }
+          s[h][t][e] = vis ? acc * p.scale : kNegInf;
+        }
+    // Online softmax per row (the 4 lanes of a row reduce with xor 1, 2).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[h][t][0], s[h][t][1]));
+      mx = fmaxf(mx, simt::shfl_xor(mx, 1));
+      mx = fmaxf(mx, simt::shfl_xor(mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float m_use = m_new == kNegInf ? 0.f : m_new;  // fully masked so far: keep everything 0
+      const float alpha = __expf(m[h] - m_use);
+      m[h] = m_new;
+      float rs = 0.f;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = __expf(s[h][t][e] - m_use);  // masked: exp(-inf) = 0
+          rs += pr;
+          Pw[((lane >> 2) + 8 * h) * BN + t * 8 + cb + e] = pr;
+        }
+      l[h] = l[h] * alpha + rs;  // per-lane partial sum; reduced over the row's 4 lanes at the end
+#pragma unroll
+      for (int t = 0; t < OT; ++t) {
+        o[h][t][0] *= alpha;
+        o[h][t][1] *= alpha;
+      }
+    }
+    __syncwarp();  // P rows are written by the 4 lanes of each row, read by all of them
+    // O += P·V for this lane's rows and columns.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* pr = Pw + ((lane >> 2) + 8 * h) * BN;
+#pragma unroll
+      for (int t = 0; t < OT; ++t)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = t * 8 + cb + e;
+          float acc = 0.f;
+#pragma unroll 8
+          for (int c = 0; c < BN; ++c) acc += pr[c] * simt::to_float(Vs[c * D + col]);
+          o[h][t][e] += acc;
+        }
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lt = l[h];
+    lt += simt::shfl_xor(lt, 1);
+    lt += simt::shfl_xor(lt, 2);
+    const int R = r0 + rloc[h];
+    if (R >= rows) continue;
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    T* orow = p.out + ((static_cast<int64_t>(q0) + R / G) * p.Hq + static_cast<int64_t>(kvh) * G + R % G) * D;
+#pragma unroll
+    for (int t = 0; t < OT; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) orow[t * 8 + cb + e] = simt::from_float<T>(o[h][t][e] * inv);
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_paged_prefill_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
+  const int G = p.Hq / p.Hkv;
+  const dim3 grid(static_cast<unsigned>(ceil_div(Tq * G, kPrefillBM)), static_cast<unsigned>(p.Hkv),
+                  static_cast<unsigned>(B));
+  return simt::launch(paged_prefill_kernel<T, D>, grid, dim3(kPrefillWarps * 32), prefill_smem_bytes<T>(D), stream,
+                      p);
+}
+
+// Tq = q.shape[0] (bounds the tiles per sequence without reading cu_seqlens_q on the host). q rows,
+// the caches and q_stride must allow 16-byte vectors (else cudaErrorMisalignedAddress).
+template <typename T>
+cudaError_t launch_paged_prefill(const PrefillParams<T>& p, int64_t Tq, int B, int D, cudaStream_t stream) {
+  if (Tq == 0 || B == 0 || p.Hq == 0) return cudaSuccess;
+  if (!aligned16(p.q) || p.q_stride % kVec16<T> != 0 || !aligned16(p.k_cache) || !aligned16(p.v_cache))
+    return cudaErrorMisalignedAddress;
+  switch (D) {
+    case 64: return launch_paged_prefill_d<T, 64>(p, Tq, B, stream);
+    case 80: return launch_paged_prefill_d<T, 80>(p, Tq, B, stream);
+    case 96: return launch_paged_prefill_d<T, 96>(p, Tq, B, stream);
+    case 128: return launch_paged_prefill_d<T, 128>(p, Tq, B, stream);
+    case 256: return launch_paged_prefill_d<T, 256>(p, Tq, B, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace mk
