@@ -1,0 +1,291 @@
+"""Engine: continuous batching gives each request exactly what it gets alone; mid-run arrivals; preemption
+under a tiny block budget; chunked prefill; stop strings and streaming; seeded sampling; no block leaks.
+
+Two models:
+- a toy model (below) whose next token is a hash of the tokens it reads *through the block table*, with
+  NaN in never-written slots: any block-table, slot or window mistake changes the output or raises;
+- a tiny random Mistral (sliding window 16) loaded from an HF checkpoint, checked against transformers'
+  greedy decoding (no cache, full recompute) as the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mistral_kernels.batch import AttentionBatch
+from mistral_kernels.engine import Engine
+from mistral_kernels.sampling import SamplingParams
+from mistral_kernels.tokenizer import Tokenizer
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTU.!"  # toy vocabulary: 50 characters
+
+
+class CharTokenizer(Tokenizer):
+    """One character per token; id 49 ('!') is EOS."""
+
+    kind = "toy"
+    bos_id = None
+    eos_ids = frozenset({49})
+    vocab_size = len(ALPHABET)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ALPHABET.index(c) for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(ALPHABET[i] for i in ids if not (skip_special_tokens and i in self.eos_ids))
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(" ".join(m["content"] for m in messages))
+
+
+class ToyModel:
+    """Cache: float64 [N, S] holding token ids (NaN = never written). Next-token logits peak at a hash of the
+    tokens a query sees (positions p-W < j ≤ p), read through the block table."""
+
+    def __init__(self, vocab: int = 50, window: int | None = None) -> None:
+        self.config = SimpleNamespace(vocab_size=vocab, sliding_window=window, max_position=4096, n_layers=1,
+                                      n_kv_heads=1, head_dim=1, eos_token_ids=(49,))
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.steps: list[tuple[int, int]] = []  # (sequences, tokens) per forward
+
+    def new_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
+        return torch.full((num_blocks, block_size), float("nan"), dtype=torch.float64)
+
+    def forward(self, token_ids: torch.Tensor, batch: AttentionBatch, cache: torch.Tensor) -> torch.Tensor:
+        bs = cache.shape[1]
+        flat = cache.view(-1)
+        keep = batch.slot_mapping >= 0
+        flat[batch.slot_mapping[keep]] = token_ids[keep].double()
+        rows = batch.logits_indices if batch.logits_indices is not None else torch.arange(token_ids.shape[0])
+        cu = batch.cu_seqlens_q.tolist()
+        self.steps.append((len(cu) - 1, token_ids.shape[0]))
+        v = self.config.vocab_size
+        out = []
+        for t in rows.tolist():
+            b = max(i for i in range(len(cu) - 1) if cu[i] <= t)
+            p = int(batch.positions[t])
+            w = self.config.sliding_window
+            lo = max(0, p - w + 1) if w else 0
+            js = torch.arange(lo, p + 1)
+            toks = cache[batch.block_tables[b, js // bs].long(), js % bs]
+            assert not torch.isnan(toks).any(), "read a slot that was never written"
+            h = int(((toks * (js + 1) * 7 + toks * toks * 3).sum() + 11 * (p + 1)) % v)
+            logits = -((torch.arange(v) - h) % v).double() * 0.7
+            out.append(logits)
+        return torch.stack(out).float() if out else torch.empty(0, v)
+
+
+PROMPTS = ["hello there", "a", "the quick brown fox jumps over the lazy dog again and again", "abc def",
+           "zzz", "many words in this prompt here"]
+
+
+def _params(i: int, n: int = 12, **kw) -> SamplingParams:
+    if i % 3 == 2:  # every third request samples (seeded)
+        return SamplingParams(max_new_tokens=n + i, temperature=0.9, top_k=10, top_p=0.95, seed=100 + i,
+                              ignore_eos=True, **kw)
+    return SamplingParams(max_new_tokens=n + i, ignore_eos=i % 2 == 0, **kw)
+
+
+def _alone(model_factory, tok, prompts, params, **engine_kw) -> list:
+    outs = []
+    for p, sp in zip(prompts, params):
+        eng = Engine(model_factory(), tok, num_blocks=256, block_size=4, **engine_kw)
+        rid = eng.add_request(tok.encode(p), sp)
+        outs.append(eng.run([rid])[0])
+    return outs
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_batch_equals_alone(window: int | None) -> None:
+    tok = CharTokenizer()
+    params = [_params(i) for i in range(len(PROMPTS))]
+    want = _alone(lambda: ToyModel(window=window), tok, PROMPTS, params)
+    model = ToyModel(window=window)
+    eng = Engine(model, tok, num_blocks=256, block_size=4, max_batch=4, max_tokens_per_step=16)
+    rids = [eng.add_request(tok.encode(p), sp) for p, sp in zip(PROMPTS, params)]
+    got = eng.run(rids)
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids and g.text == w.text and g.finish_reason == w.finish_reason
+    assert max(b for b, _ in model.steps) > 1                      # really batched
+    assert max(t for _, t in model.steps) <= 16                    # token budget respected (chunked prefill)
+    assert any(b > 1 and t > b for b, t in model.steps)            # mixed prefill + decode steps happened
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks     # no leak
+
+
+def test_requests_arriving_mid_run() -> None:
+    tok = CharTokenizer()
+    params = [_params(i) for i in range(len(PROMPTS))]
+    want = _alone(lambda: ToyModel(), tok, PROMPTS, params)
+    eng = Engine(ToyModel(), tok, num_blocks=256, block_size=4, max_batch=3, max_tokens_per_step=12)
+    rids = [eng.add_request(tok.encode(PROMPTS[0]), params[0])]
+    for i in range(1, len(PROMPTS)):
+        for _ in range(i + 1):
+            eng.step()
+        rids.append(eng.add_request(tok.encode(PROMPTS[i]), params[i]))
+    got = eng.run(rids)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+@pytest.mark.parametrize("window,num_blocks", [(None, 24), (8, 10)])
+def test_preemption_under_tiny_block_budget(window: int | None, num_blocks: int) -> None:
+    tok = CharTokenizer()
+    params = [SamplingParams(max_new_tokens=30, ignore_eos=True, temperature=0.8 if i % 2 else 0.0, seed=i)
+              for i in range(len(PROMPTS))]
+    want = _alone(lambda: ToyModel(window=window), tok, PROMPTS, params)
+    # e.g. 24 blocks of 4 = 96 slots for 6 requests of up to 60+30 tokens: they cannot all be resident.
+    eng = Engine(ToyModel(window=window), tok, num_blocks=num_blocks, block_size=4, max_batch=6, max_tokens_per_step=24)
+    rids = [eng.add_request(tok.encode(p), sp) for p, sp in zip(PROMPTS, params)]
+    got = eng.run(rids)
+    assert eng.stats.preemptions > 0
+    assert sum(c.num_preemptions for c in got) == eng.stats.preemptions
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+def test_request_that_never_fits_is_rejected_others_unaffected() -> None:
+    tok = CharTokenizer()
+    eng = Engine(ToyModel(), tok, num_blocks=4, block_size=4)
+    with pytest.raises(ValueError, match="needs 5 KV blocks .* cache has only 4.*num-blocks"):
+        eng.add_request(tok.encode("abcdefghij"), SamplingParams(max_new_tokens=10))
+    rid = eng.add_request(tok.encode("abc"), SamplingParams(max_new_tokens=5, ignore_eos=True))
+    assert len(eng.run([rid])[0].token_ids) == 5
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request([], SamplingParams())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.add_request([3, 50], SamplingParams())
+    with pytest.raises(ValueError, match="max_position"):
+        eng.add_request([1], SamplingParams(max_new_tokens=5000))
+    # With a sliding window a long request fits in O(W) blocks.
+    eng_w = Engine(ToyModel(window=6), tok, num_blocks=4, block_size=4)
+    rid = eng_w.add_request(tok.encode("abcdefghij"), SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert len(eng_w.run([rid])[0].token_ids) == 40
+    assert eng_w.blocks.num_free_blocks == 4
+
+
+def _first_text(params: SamplingParams, prompt: str = "hello there") -> str:
+    tok = CharTokenizer()
+    eng = Engine(ToyModel(), tok, num_blocks=64, block_size=4)
+    return eng.run([eng.add_request(tok.encode(prompt), params)])[0].text
+
+
+def test_stop_strings_and_streaming() -> None:
+    tok = CharTokenizer()
+    full = _first_text(SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert len(full) >= 30
+    stop = full[17:20]                                              # a 3-character string the output contains
+    first = full.find(stop)
+    eng = Engine(ToyModel(), tok, num_blocks=64, block_size=4)
+    rid = eng.add_request(tok.encode("hello there"), SamplingParams(max_new_tokens=40, ignore_eos=True,
+                                                                    stop=("QQQQ", stop)))
+    pieces = []
+    while not eng.is_finished(rid):
+        eng.step()
+        pieces.append(eng.drain_text(rid))
+    pieces.append(eng.drain_text(rid))
+    c = eng.pop_completion(rid)
+    assert c.text == full[:first] and c.finish_reason == "stop" and c.stop_reason == stop
+    assert "".join(pieces) == c.text                              # streamed text never shows the stop string
+    assert tok.decode(c.token_ids) == full[:first] + stop         # generation ended at the completing token
+    assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
+
+
+def test_eos_and_stop_token_ids() -> None:
+    full = CharTokenizer().encode(_first_text(SamplingParams(max_new_tokens=30, ignore_eos=True)))
+    target = full[5]
+    tok = CharTokenizer()
+    eng = Engine(ToyModel(), tok, num_blocks=64, block_size=4)
+    rid = eng.add_request(tok.encode("hello there"),
+                          SamplingParams(max_new_tokens=30, ignore_eos=True, stop_token_ids=(target,)))
+    c = eng.run([rid])[0]
+    assert c.token_ids == full[:full.index(target) + 1] and c.finish_reason == "stop" and c.stop_reason == target
+    # The same token as EOS: stops there, unless ignore_eos.
+    for ignore in (False, True):
+        eng = Engine(ToyModel(), tok, num_blocks=64, block_size=4, eos_ids=(target,))
+        rid = eng.add_request(tok.encode("hello there"), SamplingParams(max_new_tokens=30, ignore_eos=ignore))
+        c = eng.run([rid])[0]
+        assert c.token_ids == (full if ignore else full[:full.index(target) + 1])
+        assert c.finish_reason == ("length" if ignore else "stop")
+
+
+def test_seeded_sampling_reproducible() -> None:
+    p = SamplingParams(max_new_tokens=25, temperature=1.0, seed=1234, ignore_eos=True)
+    a, b = _first_text(p), _first_text(p)
+    assert a == b
+    assert _first_text(SamplingParams(max_new_tokens=25, temperature=1.0, seed=99, ignore_eos=True)) != a
+    assert _first_text(SamplingParams(max_new_tokens=25, ignore_eos=True)) != a   # greedy differs from sampled
+
+
+# ------------------------------------------------------------------------ real tiny Mistral vs transformers
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_mistral(tmp_path_factory: pytest.TempPathFactory):
+    from mistral_kernels import load_model
+
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=256, initializer_range=0.2, rms_norm_eps=1e-5,
+                                     sliding_window=16, attn_implementation="eager")
+    hf = transformers.MistralForCausalLM(cfg).eval()
+    path: Path = tmp_path_factory.mktemp("tiny_mistral")
+    hf.save_pretrained(path)
+    model = load_model(path, progress=False)
+    assert model.config.sliding_window == 16
+    return model, hf
+
+
+@torch.no_grad()
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = []
+    for _ in range(n):
+        t = int(hf(ids, use_cache=False).logits[0, -1].argmax())
+        out.append(t)
+        ids = torch.cat([ids, torch.tensor([[t]])], dim=1)
+    return out
+
+
+def test_tiny_mistral_batched_chunked_preempted_equals_transformers(tiny_mistral) -> None:
+    model, hf = tiny_mistral
+    g = torch.Generator().manual_seed(3)
+    lengths = [3, 40, 17, 9, 25]                                   # some longer than the window W=16
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in lengths]
+    news = [20, 8, 24, 30, 12]
+    want = [_hf_greedy(hf, p, n) for p, n in zip(prompts, news)]
+    for num_blocks, budget in [(64, 32), (6, 16)]:                 # roomy, then tiny (preemption)
+        eng = Engine(model, None, num_blocks=num_blocks, block_size=8, max_batch=4, max_tokens_per_step=budget,
+                     eos_ids=())
+        rids = [eng.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts[:3], news[:3])]
+        for _ in range(5):
+            eng.step()
+        rids += [eng.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts[3:], news[3:])]
+        got = eng.run(rids)
+        assert [c.token_ids for c in got] == want, (num_blocks, budget)
+        assert eng.blocks.num_free_blocks == num_blocks
+        if num_blocks == 6:
+            assert eng.stats.preemptions > 0
+
+
+def test_tiny_mistral_window_keeps_memory_bounded(tiny_mistral) -> None:
+    model, hf = tiny_mistral
+    prompt = torch.randint(0, 128, (10,), generator=torch.Generator().manual_seed(5)).tolist()
+    want = _hf_greedy(hf, prompt, 100)
+    # 4 blocks of 8 = 32 slots for a 110-token sequence: only possible because out-of-window blocks are freed.
+    eng = Engine(model, None, num_blocks=4, block_size=8, max_batch=1, max_tokens_per_step=8, eos_ids=())
+    rid = eng.add_request(prompt, SamplingParams(max_new_tokens=100))
+    most = 0
+    while not eng.is_finished(rid):
+        eng.step()
+        if eng.blocks.has(rid):
+            most = max(most, eng.blocks.num_owned(rid))
+    assert eng.pop_completion(rid).token_ids == want
+    assert most <= 4 and eng.blocks.num_free_blocks == 4
