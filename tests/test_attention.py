@@ -160,11 +160,13 @@ DECODE_TINY = [  # emulator-sized: (seq_lens, Hq, Hkv, D, S, window)
     ([5, 40, 1], 2, 1, 64, 8, None),
     ([33, 20], 2, 2, 80, 16, 7),
     ([64, 3], 2, 1, 128, 8, None),
+    ([9, 30], 6, 2, 96, 8, None),  # G = 3: a partly idle head slot
+    ([17], 12, 1, 256, 16, 5),  # G = 12: two head groups per kv head
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", DECODE_TINY, ids=[f"D{c[3]}-W{c[5]}" for c in DECODE_TINY])
+@pytest.mark.parametrize("case", DECODE_TINY, ids=[f"G{c[1] // c[2]}-D{c[3]}-W{c[5]}" for c in DECODE_TINY])
 def test_decode(backend: Backend, case: tuple, dtype: torch.dtype) -> None:
     if not backend.supports(dtype):
         pytest.skip(f"{backend.name} does not support {dtype}")
@@ -229,11 +231,12 @@ PREFILL_TINY = [  # emulator-sized: (seq_lens, q_lens, Hq, Hkv, D, S, window)
     ([20, 45], [20, 9], 2, 1, 64, 8, None),  # first prefill + a chunk after a cached prefix
     ([37, 5], [37, 5], 2, 2, 80, 16, 6),  # sliding window inside one K tile and across tiles
     ([70], [66], 1, 1, 128, 16, 40),  # more than one query tile and several K tiles
+    ([25, 10], [25, 4], 6, 2, 96, 8, 9),  # G = 3: a 64-row tile boundary falls inside a token's group
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", PREFILL_TINY, ids=[f"D{c[4]}-W{c[6]}" for c in PREFILL_TINY])
+@pytest.mark.parametrize("case", PREFILL_TINY, ids=[f"G{c[2] // c[3]}-D{c[4]}-W{c[6]}" for c in PREFILL_TINY])
 def test_prefill(backend: Backend, case: tuple, dtype: torch.dtype) -> None:
     if not backend.supports(dtype):
         pytest.skip(f"{backend.name} does not support {dtype}")

@@ -88,6 +88,17 @@ inline void rows_as_float(const T* base, int64_t stride, int64_t n, int64_t D, f
   }
 }
 
+// Software prefetch of n cache rows (the next chunk lives in another physical block: the hardware
+// prefetcher cannot guess it).
+template <typename T>
+inline void prefetch_rows(const T* base, int64_t stride, int64_t n, int64_t D) {
+  const int64_t bytes = D * static_cast<int64_t>(sizeof(T));
+  for (int64_t c = 0; c < n; ++c) {
+    const char* p = reinterpret_cast<const char*>(base + c * stride);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 0);
+  }
+}
+
 // Stream keys [kbeg, kend) of one sequence (block table row `bt`) and one kv head through `rows`.
 // k_head / v_head point at head kvh of physical block 0: element (blk, off) is at
 // k_head + (blk*S + off) * Hkv*D.
@@ -103,6 +114,12 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
     const int64_t off = j % S;
     const int64_t n = std::min({kChunk, S - off, kend - j});
     const int64_t slot0 = static_cast<int64_t>(bt[j / S]) * S + off;
+    if (j + n < kend) {  // prefetch the next chunk while this one computes
+      const int64_t jn = j + n, offn = jn % S, nn = std::min({kChunk, S - offn, kend - jn});
+      const int64_t slotn = static_cast<int64_t>(bt[jn / S]) * S + offn;
+      prefetch_rows(k_head + slotn * key_stride, key_stride, nn, D);
+      prefetch_rows(v_head + slotn * key_stride, key_stride, nn, D);
+    }
     rows_as_float(k_head + slot0 * key_stride, key_stride, n, D, sc.kbuf.data(), kp);
     bool any = false;
     for (int64_t r = 0; r < R; ++r) {
