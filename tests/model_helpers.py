@@ -36,13 +36,14 @@ def greedy_ours(model: Model, prompt: torch.Tensor, n: int, block_size: int = 8)
 
 @torch.no_grad()
 def greedy_transformers(hf_model: torch.nn.Module, prompt: torch.Tensor, n: int) -> list[int]:
-    """Greedy continuation by transformers, recomputing the whole sequence each step (no cache)."""
-    ids = prompt[None]
+    """Greedy continuation by transformers with its own KV cache, never stopping at EOS."""
+    out = hf_model(prompt[None], use_cache=True)
     tokens: list[int] = []
-    for _ in range(n):
-        token = hf_model(ids, use_cache=False).logits[0, -1].argmax()
+    for i in range(n):
+        token = out.logits[0, -1].argmax()
         tokens.append(int(token))
-        ids = torch.cat([ids, token.view(1, 1)], dim=1)
+        if i + 1 < n:
+            out = hf_model(token.view(1, 1), past_key_values=out.past_key_values, use_cache=True)
     return tokens
 
 

