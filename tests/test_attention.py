@@ -333,3 +333,26 @@ def test_head_dim_restricted_on_cuda_kernels(backend_one_schedule: Backend) -> N
     with pytest.raises(RuntimeError, match="head_dim 48 is not supported by the CUDA kernels"):
         backend_one_schedule.ops.paged_decode_attention(torch.randn(1, 1, 48, device=dev), p.k_cache, p.v_cache,
                                                         p.block_tables, p.seq_lens, 0.1)
+
+
+def test_torch_compile_fullgraph() -> None:
+    """The wrappers trace under torch.compile(fullgraph=True) (fake impls, no data-dependent Python)."""
+    from mistral_kernels import ops
+
+    g = torch.Generator().manual_seed(8)
+    p = make_paged([13, 30], 2, 64, 8, torch.float32, g)
+    q, k, v = torch.randn(2, 4, 64, generator=g), torch.randn(2, 2, 64, generator=g), torch.randn(2, 2, 64, generator=g)
+    lens = p.seq_lens + 1  # append one token to each sequence, then decode it
+    j = lens.long() - 1
+    slots = p.block_tables.long()[torch.arange(2), j // 8] * 8 + j % 8
+
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        ops.reshape_and_cache(k, v, kc, vc, slots)
+        return ops.paged_decode_attention(q, kc, vc, p.block_tables, lens, 0.125, 16)
+
+    kc, vc = p.k_cache.clone(), p.v_cache.clone()
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, kc, vc)
+    kr, vr = p.k_cache.clone(), p.v_cache.clone()
+    ref.reshape_and_cache(k, v, kr, vr, slots)
+    assert torch.equal(kc.nan_to_num(), kr.nan_to_num())
+    assert_close(got, ref.paged_decode_attention(q, kr, vr, p.block_tables, lens, 0.125, 16), **_tol(torch.float32))
