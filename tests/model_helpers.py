@@ -53,7 +53,7 @@ def logits_transformers(hf_model: torch.nn.Module, ids: torch.Tensor) -> torch.T
     return hf_model(ids[None], use_cache=False).logits[0].float()
 
 
-def _hf_to_interleaved(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+def hf_to_interleaved(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
     """Inverse of DESIGN.md §6: HF (neox) q/k rows → consolidated (interleaved) rows."""
     dim = w.shape[1]
     return w.view(n_heads, 2, head_dim // 2, dim).transpose(1, 2).reshape(n_heads * head_dim, dim)
@@ -90,9 +90,9 @@ def save_consolidated(hf_dir: Path, out_dir: Path) -> None:
             else:
                 new = parts[rest]
             if rest == "self_attn.q_proj":
-                w = _hf_to_interleaved(w, hq, hd)
+                w = hf_to_interleaved(w, hq, hd)
             elif rest == "self_attn.k_proj":
-                w = _hf_to_interleaved(w, hkv, hd)
+                w = hf_to_interleaved(w, hkv, hd)
             out[f"layers.{layer}.{new}.weight"] = w.contiguous()
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(out, str(out_dir / "consolidated.safetensors"))

@@ -68,6 +68,15 @@ def test_logits_and_greedy_match_transformers(checkpoint, prompt: torch.Tensor, 
     assert greedy_ours(ours, prompt, 32) == greedy_transformers(hf, prompt, 32)
 
 
+def test_sharded_checkpoint(checkpoint, prompt: torch.Tensor, tmp_path: Path) -> None:
+    """save_pretrained with small shards writes model.safetensors.index.json + several files."""
+    _, _, _, hf = checkpoint
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(list(tmp_path.glob("*.safetensors"))) > 2
+    torch.testing.assert_close(load_model(tmp_path, progress=False).logits(prompt), logits_transformers(hf, prompt),
+                               atol=1e-3, rtol=0)
+
+
 def test_sliding_window_is_exercised(prompt: torch.Tensor) -> None:
     """With W=16 and 40 tokens, the windowed reference differs from full causal attention past the window,
     so the parity tests above do check the window."""

@@ -1,0 +1,198 @@
+"""GGUF loading on tiny files written here: every supported tensor type vs transformers' GGUF loader,
+MoE GGUF (merged and per-expert expert tensors) vs transformers' Mixtral, and error reports.
+
+K-quant types cannot be produced by the ``gguf`` package's quantizer, so those tensors are random
+well-formed blocks (random bits, small fp16 scales); their values are whatever ``gguf`` decodes.
+Shape letters: H hidden, I intermediate, V vocab, Hq / Hkv heads, D head_dim, E experts, L layers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mistral_kernels import load_model
+from mistral_kernels.config import UnsupportedCheckpointError
+from mistral_kernels.weights import CheckpointError
+
+from .model_helpers import greedy_ours, greedy_transformers, hf_to_interleaved, logits_transformers
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+Q = gguf.GGMLQuantizationType
+
+H, L, HQ, HKV, D, I, V = 256, 2, 4, 2, 64, 256, 256  # K-quants need rows that are multiples of 256
+# K-quant block: byte offsets of its fp16 super-block scales (d, dmin) and a value for them that keeps
+# decoded weights around ±0.05 (|w| ≲ d · max sub-scale · max quant).
+K_QUANT_SCALES = {Q.Q2_K: ((80, 82), 1e-3), Q.Q3_K: ((108,), 3e-4), Q.Q4_K: ((0, 2), 4e-5),
+                  Q.Q5_K: ((0, 2), 2e-5), Q.Q6_K: ((208,), 1e-5)}
+
+
+def _encode(x: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
+    """Bytes (or a float array) of tensor x [..., K] in qtype; K-quants: random blocks, x only gives the shape."""
+    if qtype == Q.F32:
+        return x
+    if qtype in K_QUANT_SCALES:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (*x.shape[:-1], x.shape[-1] // block, size), dtype=np.uint8)
+        offsets, scale = K_QUANT_SCALES[qtype]
+        for offset in offsets:  # small positive fp16 scales instead of random bits
+            raw[..., offset:offset + 2] = np.full((*raw.shape[:-1], 1), scale, np.float16).view(np.uint8)
+        return raw.reshape(*x.shape[:-1], -1)
+    return gguf.quants.quantize(x, qtype)
+
+
+def _writer(path: Path, arch: str = "llama", experts: int = 0) -> gguf.GGUFWriter:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(L)
+    w.add_context_length(128)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(I)
+    w.add_head_count(HQ)
+    w.add_head_count_kv(HKV)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(D)
+    w.add_vocab_size(V)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+    return w
+
+
+def _close(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _write_dense(path: Path, qtype: Q, tied: bool, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    w = _writer(path)
+
+    def add(name: str, shape: tuple[int, ...], tensor_type: Q = qtype, scale: float = 0.05) -> None:
+        x = (rng.standard_normal(shape) * scale).astype(np.float32)
+        data = _encode(x, tensor_type, rng)
+        w.add_tensor(name, data, raw_dtype=None if tensor_type == Q.F32 else tensor_type)
+
+    add("token_embd.weight", (V, H), scale=0.5)
+    add("output_norm.weight", (H,), Q.F32, 1.0)
+    if not tied:
+        add("output.weight", (V, H))
+    for n in range(L):
+        add(f"blk.{n}.attn_norm.weight", (H,), Q.F32, 1.0)
+        add(f"blk.{n}.ffn_norm.weight", (H,), Q.F32, 1.0)
+        for name, rows in (("attn_q", HQ * D), ("attn_k", HKV * D), ("attn_v", HKV * D)):
+            add(f"blk.{n}.{name}.weight", (rows, H))
+        add(f"blk.{n}.attn_output.weight", (H, HQ * D))
+        add(f"blk.{n}.ffn_gate.weight", (I, H))
+        add(f"blk.{n}.ffn_up.weight", (I, H))
+        add(f"blk.{n}.ffn_down.weight", (H, I))
+    _close(w)
+
+
+@pytest.mark.parametrize("qtype,tied", [
+    (Q.F32, True), (Q.F16, False), (Q.BF16, True), (Q.Q4_0, False), (Q.Q4_1, True), (Q.Q8_0, False),
+    (Q.Q2_K, True), (Q.Q3_K, False), (Q.Q4_K, True), (Q.Q5_K, False), (Q.Q6_K, True),
+], ids=lambda v: v.name if isinstance(v, Q) else ("tied" if v else "untied"))
+def test_tensor_types_match_transformers(tmp_path: Path, qtype: Q, tied: bool) -> None:
+    _write_dense(tmp_path / "tiny.gguf", qtype, tied)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="tiny.gguf", dtype=torch.float32).eval()
+    ours = load_model(tmp_path / "tiny.gguf", progress=False)
+    assert ours.config.tie_embeddings == tied and not ours.config.rope_is_neox
+    ids = torch.randint(0, V, (24,), generator=torch.Generator().manual_seed(3))
+    expected = logits_transformers(reference, ids)
+    assert expected.isfinite().all() and expected.std() > 0.1  # a meaningful comparison
+    torch.testing.assert_close(ours.logits(ids), expected, atol=1e-3, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ MoE
+@pytest.mark.parametrize("merged", [True, False], ids=["ffn_exps", "per_expert"])
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
+def test_moe_gguf_matches_transformers_mixtral(tmp_path: Path, merged: bool, qtype: Q) -> None:
+    """A Mixtral written as GGUF the way llama.cpp does (q/k rows interleaved) vs the HF model whose
+    weights are the values the file decodes to."""
+    experts = 4
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(vocab_size=V, hidden_size=H, intermediate_size=I, num_hidden_layers=L,
+                                     num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D,
+                                     num_local_experts=experts, num_experts_per_tok=2, rope_theta=10000.0,
+                                     rms_norm_eps=1e-5, initializer_range=0.05, max_position_embeddings=128)
+    hf = transformers.MixtralForCausalLM(cfg).eval()
+    rng = np.random.default_rng(0)
+    w = _writer(tmp_path / "moe.gguf", experts=experts)
+    sd = hf.state_dict()
+
+    def add(name: str, t: torch.Tensor, hf_key: str | None = None, quantize: bool = True) -> torch.Tensor:
+        """Write t; return what the file decodes to (so the reference can use exactly those values)."""
+        x = t.detach().float().numpy()
+        if quantize and qtype != Q.F32:
+            data = gguf.quants.quantize(x, qtype)
+            w.add_tensor(name, data, raw_dtype=qtype)
+            return torch.from_numpy(gguf.quants.dequantize(data, qtype))
+        w.add_tensor(name, x)
+        return t
+
+    decoded: dict[str, torch.Tensor] = {}
+    decoded["model.embed_tokens.weight"] = add("token_embd.weight", sd["model.embed_tokens.weight"])
+    decoded["lm_head.weight"] = add("output.weight", sd["lm_head.weight"])
+    decoded["model.norm.weight"] = add("output_norm.weight", sd["model.norm.weight"], quantize=False)
+    for n in range(L):
+        p = f"model.layers.{n}."
+        for ours_name, key in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm")):
+            decoded[p + key + ".weight"] = add(f"blk.{n}.{ours_name}.weight", sd[p + key + ".weight"],
+                                               quantize=False)
+        for name, key, heads in (("attn_q", "q_proj", HQ), ("attn_k", "k_proj", HKV)):
+            interleaved = add(f"blk.{n}.{name}.weight", hf_to_interleaved(sd[p + f"self_attn.{key}.weight"], heads, D))
+            decoded[p + f"self_attn.{key}.weight"] = _interleaved_to_hf(interleaved, heads)
+        decoded[p + "self_attn.v_proj.weight"] = add(f"blk.{n}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        decoded[p + "self_attn.o_proj.weight"] = add(f"blk.{n}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        decoded[p + "mlp.gate.weight"] = add(f"blk.{n}.ffn_gate_inp.weight", sd[p + "mlp.gate.weight"], quantize=False)
+        gate, up = sd[p + "mlp.experts.gate_up_proj"].chunk(2, dim=1)  # [E, I, H] each
+        down = sd[p + "mlp.experts.down_proj"]                           # [E, H, I]
+        parts = {}
+        for name, t in (("gate", gate), ("up", up), ("down", down)):
+            if merged:
+                parts[name] = add(f"blk.{n}.ffn_{name}_exps.weight", t.contiguous())
+            else:
+                parts[name] = torch.stack([add(f"blk.{n}.ffn_{name}.{e}.weight", t[e].contiguous())
+                                           for e in range(experts)])
+        decoded[p + "mlp.experts.gate_up_proj"] = torch.cat([parts["gate"], parts["up"]], dim=1)
+        decoded[p + "mlp.experts.down_proj"] = parts["down"]
+    _close(w)
+    hf.load_state_dict({k: v.float() for k, v in decoded.items()})
+
+    ours = load_model(tmp_path / "moe.gguf", progress=False)
+    assert ours.config.is_moe and ours.config.num_experts == experts and ours.config.top_k == 2
+    ids = torch.randint(0, V, (24,), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(ours.logits(ids), logits_transformers(hf, ids), atol=1e-3, rtol=0)
+    assert greedy_ours(ours, ids, 8) == greedy_transformers(hf, ids, 8)
+
+
+def _interleaved_to_hf(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """DESIGN.md §6: consolidated / GGUF (interleaved) q/k rows → HF (neox) rows."""
+    return w.view(heads, D // 2, 2, w.shape[1]).transpose(1, 2).reshape(heads * D, w.shape[1])
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "qwen.gguf", arch="qwen2")
+    w.add_tensor("token_embd.weight", np.zeros((V, H), np.float32))
+    _close(w)
+    with pytest.raises(UnsupportedCheckpointError, match="general.architecture='qwen2'"):
+        load_model(tmp_path / "qwen.gguf", progress=False)
+
+
+def test_missing_gguf_tensor_is_reported(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "broken.gguf")
+    w.add_tensor("token_embd.weight", np.zeros((V, H), np.float32))
+    w.add_tensor("blk.0.attn_qq.weight", np.zeros((4, H), np.float32))
+    _close(w)
+    with pytest.raises(CheckpointError) as info:
+        load_model(tmp_path / "broken.gguf", progress=False)
+    assert "layers.0.wq" in str(info.value) and "blk.0.attn_qq.weight" in str(info.value)
