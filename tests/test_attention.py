@@ -356,3 +356,30 @@ def test_torch_compile_fullgraph() -> None:
     ref.reshape_and_cache(k, v, kr, vr, slots)
     assert torch.equal(kc.nan_to_num(), kr.nan_to_num())
     assert_close(got, ref.paged_decode_attention(q, kr, vr, p.block_tables, lens, 0.125, 16), **_tol(torch.float32))
+
+
+def test_device_index_checks_of_the_wrapper() -> None:
+    """The wrapper-side checks used for CUDA tensors (no GPU here: run their tensor logic on CPU tensors)."""
+    from mistral_kernels import _ops_attention as oa
+
+    kc = torch.zeros(8, 8, 1, 64)
+    tables = torch.tensor([[0, 1, 2, -7], [3, 4, -7, -7]], dtype=torch.int32)
+    lens = torch.tensor([20, 9], dtype=torch.int32)
+    oa._check_paged_indices_device("op", kc, tables, lens, lens.long() - 1, 0)  # valid
+    with pytest.raises(ValueError, match=r"seq_lens\[1\]=33 exceeds block_tables capacity 32"):
+        oa._check_paged_indices_device("op", kc, tables, torch.tensor([20, 33], dtype=torch.int32),
+                                       torch.tensor([19, 32]), 0)
+    bad = tables.clone()
+    bad[1, 1] = 8
+    with pytest.raises(ValueError, match=r"block_tables\[1, 1\]=8 is out of range \[0, 8\)"):
+        oa._check_paged_indices_device("op", kc, bad, lens, lens.long() - 1, 0)
+    windowed = tables.clone()
+    windowed[0, 0] = -5  # excluded by a window of 8 at position 19: never read, accepted
+    oa._check_paged_indices_device("op", kc, windowed, lens, lens.long() - 1, 8)
+    with pytest.raises(ValueError, match=r"block_tables\[0, 0\]=-5"):
+        oa._check_paged_indices_device("op", kc, windowed, lens, lens.long() - 1, 0)
+    oa._check_cu_seqlens_device("op", torch.tensor([0, 2, 3], dtype=torch.int32), lens, 3)
+    with pytest.raises(ValueError, match="sequence 1 has 10 query tokens"):
+        oa._check_cu_seqlens_device("op", torch.tensor([0, 2, 12], dtype=torch.int32), lens, 12)
+    with pytest.raises(ValueError, match="must start at 0 and end at q.shape"):
+        oa._check_cu_seqlens_device("op", torch.tensor([0, 2, 3], dtype=torch.int32), lens, 4)
