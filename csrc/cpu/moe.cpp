@@ -8,10 +8,12 @@
 // work); the row copies, the router and the weighted sums are parallel over tokens / rows.
 //
 // fused_moe = router GEMM → topk_softmax → moe_permute → per non-empty expert segment:
-//   gate = A·w1[e]ᵀ, up = A·w3[e]ᵀ (ATen BLAS), act = silu(gate)·up, y = act·w2[e]ᵀ → moe_unpermute.
+//   gate = A·w1[e]ᵀ, up = A·w3[e]ᵀ, act = silu(gate)·up, y = act·w2[e]ᵀ → moe_unpermute,
+// the projections by skinny_linear (≤ 16 rows: decode) or ATen's GEMM (prefill).
 // Experts with no token cost nothing (decode T = 1 touches exactly k experts). Intermediates are stored in
 // the input dtype (router logits, gate, up, act, expert outputs), softmax and the final weighted sum in fp32.
 #include <ATen/Functions.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -19,6 +21,7 @@
 
 #include "../checks/moe.h"
 #include "common.h"
+#include "vec_math.h"
 
 namespace mk::cpu {
 namespace {
@@ -135,15 +138,28 @@ void moe_unpermute(at::Tensor& out, const at::Tensor& expert_out, const at::Tens
 }
 
 // ---- fused block ---------------------------------------------------------------------------------------
+// out [n, N] = a [n, K] · w [N, K]ᵀ. Decode-sized segments (n ≤ 16) go to skinny_linear (csrc/cpu/linear.cpp),
+// which streams the expert's weight once at memory bandwidth; larger ones to ATen's GEMM.
+constexpr int64_t kSkinnyMaxRows = 16;  // kMaxM of csrc/cpu/linear.cpp
+
+void linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& w) {
+  if (a.size(0) <= kSkinnyMaxRows) {
+    static const auto skinny = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("mistral_kernels::skinny_linear", "")
+                                   .typed<void(at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+    skinny.call(out, a, w);
+  } else {
+    at::mm_out(out, a, w.t());
+  }
+}
+
 // act[r] = silu(gate[r]) * up[r] for rows [r0, r1), fp32 math, stored in T.
 template <typename T>
 void silu_mul_rows(T* act, const T* gate, const T* up, int64_t r0, int64_t r1, int64_t I) {
   at::parallel_for(r0, r1, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, I)), [&](int64_t a, int64_t b) {
     for (int64_t r = a; r < b; ++r)
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = to_f(gate[r * I + i]);
-        act[r * I + i] = from_f<T>(g / (1.f + std::exp(-g)) * to_f(up[r * I + i]));
-      }
+      for (int64_t i = 0; i < I; ++i)  // silu_f: polynomial exp, the loop vectorises
+        act[r * I + i] = from_f<T>(silu_f(to_f(gate[r * I + i])) * to_f(up[r * I + i]));
   });
 }
 
@@ -155,7 +171,8 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
   const int64_t T_ = x.size(0), H = x.size(1), E = gate_weight.size(0), I = w1.size(1), k = top_k, M = T_ * k;
   if (T_ == 0) return;
 
-  const at::Tensor logits = at::mm(x, gate_weight.t());  // [T, E] in x's dtype, like nn.Linear
+  at::Tensor logits = at::empty({T_, E}, x.options());  // in x's dtype, like nn.Linear
+  linear_into(logits, x, gate_weight);
   at::Tensor weights = at::empty({T_, k}, x.options().dtype(at::kFloat));
   at::Tensor ids = at::empty({T_, k}, x.options().dtype(at::kInt));
   at::Tensor inv_perm = at::empty({T_, k}, x.options().dtype(at::kInt));
@@ -175,12 +192,12 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
       if (n == 0) continue;  // untouched expert: no work at all
       const at::Tensor a = permuted.narrow(0, r0, n);
       at::Tensor g = gate.narrow(0, r0, n), u = up.narrow(0, r0, n);
-      at::mm_out(g, a, w1.select(0, e).t());
-      at::mm_out(u, a, w3.select(0, e).t());
+      linear_into(g, a, w1.select(0, e));
+      linear_into(u, a, w3.select(0, e));
       silu_mul_rows(act.data_ptr<scalar_t>(), gate.const_data_ptr<scalar_t>(), up.const_data_ptr<scalar_t>(), r0,
                     r0 + n, I);
       at::Tensor ye = y.narrow(0, r0, n);
-      at::mm_out(ye, act.narrow(0, r0, n), w2.select(0, e).t());
+      linear_into(ye, act.narrow(0, r0, n), w2.select(0, e));
     }
     unpermute_rows(out.data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), weights.const_data_ptr<float>(),
                    inv_perm.const_data_ptr<int32_t>(), T_, k, H);
