@@ -77,6 +77,19 @@ def test_sharded_checkpoint(checkpoint, prompt: torch.Tensor, tmp_path: Path) ->
                                atol=1e-3, rtol=0)
 
 
+def test_in_memory_naming_checkpoint(checkpoint, prompt: torch.Tensor, tmp_path: Path) -> None:
+    """transformers 5 keeps Mixtral experts fused in memory (mlp.experts.gate_up_proj [E, 2I, H], down_proj);
+    a checkpoint written straight from that state dict loads too."""
+    kind, hf_dir, _, hf = checkpoint
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    if kind == "mixtral":
+        assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((hf_dir / "config.json").read_text())
+    torch.testing.assert_close(load_model(tmp_path, progress=False).logits(prompt), logits_transformers(hf, prompt),
+                               atol=1e-3, rtol=0)
+
+
 def test_sliding_window_is_exercised(prompt: torch.Tensor) -> None:
     """With W=16 and 40 tokens, the windowed reference differs from full causal attention past the window,
     so the parity tests above do check the window."""
