@@ -217,6 +217,19 @@ def test_fused_moe(backend: Backend, t: int, e: int, k: int, dtype: torch.dtype)
     _check_fused(backend, t, 32, 48, e, k, dtype, seed=t)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_moe_tall_tiles_odd_sizes(backend: Backend, dtype: torch.dtype) -> None:
+    """T = 20 > 16 selects the 64-row GEMM tiles on CUDA; H = 40, I = 24 leave partial N / K tiles and
+    rows that are not a multiple of the 16-byte vector (scalar permute / unpermute paths)."""
+    _check_fused(backend, 20, 40, 24, 4, 2, dtype, seed=5)
+
+
+def test_fused_moe_no_tokens(backend: Backend) -> None:
+    gate, w1, w2, w3 = _moe_weights(8, 16, 24, torch.float32, backend.device, 0)
+    out = backend.ops.fused_moe(torch.empty(0, 16, device=backend.device), gate, w1, w2, w3, top_k=2)
+    assert out.shape == (0, 16)
+
+
 def test_fused_moe_many_experts_tiny(backend: Backend) -> None:
     _check_fused(backend, 5, 16, 16, 64, 6, torch.float32, seed=11)
 
