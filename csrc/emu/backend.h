@@ -2,6 +2,13 @@
 // CPU tensors, the kernels of csrc/kernels/*.cuh run by csrc/simt/emu.h.
 #pragma once
 
+// csrc/emu and csrc/cuda compile the same kernels, launchers and glue (inline functions and templates of
+// namespace mk, with backend-specific bodies) into the same _C.so. Renaming the namespace in the emulated
+// translation units keeps the two sets of symbols apart; otherwise the linker would merge same-named
+// definitions of both backends into one (an ODR violation) or reject duplicate kernel stubs.
+// Include this header first in every csrc/emu/*.cpp.
+#define mk mk_emu
+
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>

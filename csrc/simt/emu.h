@@ -51,6 +51,9 @@
 #define SIMT_DYN_SMEM(T, name) T* name = reinterpret_cast<T*>(::simt::emu::dynamic_smem())
 
 namespace simt {
+// `emulated`: an inline namespace, so that this launch() and the nvcc one (same template arguments, in
+// the same binary when both backends are built) have different symbol names.
+inline namespace emulated {
 
 // launch(kernel, grid, block, smem_bytes, stream, args...): the arguments are converted to the kernel's
 // parameter types and copied once, like a real launch; every thread then receives its own copy.
@@ -73,6 +76,8 @@ inline cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
   };
   return emu::run_grid({grid, block, smem_bytes, +thunk, &closure, reinterpret_cast<const void*>(kernel)});
 }
+
+}  // namespace emulated
 
 constexpr unsigned kFullMask = 0xffffffffu;
 

@@ -25,7 +25,7 @@ __global__ void busy_block_kernel(int* out, size_t* os_thread, int* counter, int
 }
 
 int main() {
-  const int blocks = 64, threads = 128, rounds = 20;
+  const int blocks = 64, threads = 128, rounds = 100;  // ~0.1 s: long enough for a worker to wake
   for (const char* n : {"1", "2", "3"}) {
     setenv("MK_SIMT_THREADS", n, 1);
     std::vector<int> out(blocks, 0);
