@@ -12,6 +12,7 @@
 #include "../kernels/kv_cache.cuh"
 #include "../kernels/paged_decode.cuh"
 #include "../kernels/paged_prefill.cuh"
+#include "../kernels/paged_prefill_tc.cuh"
 #include "common.h"
 
 namespace mk::glue {
@@ -134,8 +135,12 @@ inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const 
     const int64_t capacity = block_tables.size(1) * k_cache.size(1);
     p.window = static_cast<int>(sliding_window > 0 && sliding_window < capacity ? sliding_window : 0);
     p.scale = static_cast<float>(scale);
-    check_attention_launch(
-        launch_paged_prefill(p, q.size(0), static_cast<int>(B), static_cast<int>(q.size(2)), ctx.stream()), op);
+    // fp16 / bf16: the tensor-core kernel (paged_prefill_tc.cuh); fp32 and its fallback rule: the SIMT one
+    const int D = static_cast<int>(q.size(2));
+    check_attention_launch(paged_prefill_tc_supported(p, D)
+                               ? launch_paged_prefill_tc(p, q.size(0), static_cast<int>(B), D, ctx.stream())
+                               : launch_paged_prefill(p, q.size(0), static_cast<int>(B), D, ctx.stream()),
+                           op);
   });
 }
 

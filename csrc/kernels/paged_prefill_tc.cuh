@@ -1,0 +1,377 @@
+// paged_prefill_tc.cuh — tensor-core paged prefill attention for fp16 / bf16 (FlashAttention-2 style):
+// mma.sync.m16n8k16 with fp32 accumulation, ldmatrix (.trans for V) into fragments, cp.async double
+// buffering of the K/V tiles gathered through the block table. Same arguments and semantics as
+// paged_prefill.cuh (which keeps fp32 and is the fallback); the glue picks this kernel when
+// paged_prefill_tc_supported() holds.
+//
+// Shapes: Tq packed queries, B sequences, Hq / Hkv heads, G = Hq/Hkv, D head_dim, N num_blocks,
+// S block_size, M max_blocks; BM = 64 query rows per block (16 per warp), BN keys per K/V tile
+// (64 for D = 64, else 32), LD = D + 8 the padded shared-memory row (elements).
+//   q [Tq, Hq, D] (token stride q_stride), out [Tq, Hq, D] contiguous, k_cache / v_cache [N, S, Hkv, D],
+//   block_tables int32 [B, M], cu_seqlens_q int32 [B+1], seq_lens int32 [B].
+// Sequence b's q_b new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query at position p
+// sees keys max(0, p-W+1) ≤ j ≤ p (W = window, 0 = none).
+//
+// Grid (ceil(Tq·G/BM), Hkv, B), 4 warps. GQA packing: the rows of a block are (token, q head) pairs of ONE
+// kv head, token-major (row r → token r / G, head r % G), so the G q heads of a kv head share every K/V
+// tile loaded into shared memory. Blocks past their sequence's q_b·G rows exit at once.
+// Tile skipping: the keys any row of the block sees form one range [kstart, kend) (first row's window
+// start … last row's position); the K/V tiles start at kstart and stop at kend, so a tile fully outside
+// the causal / window mask is never loaded, and a warp whose 16 rows see no key of a loaded tile skips
+// its mma work on it. Keys ≥ kend inside the last tile are zero-filled by cp.async (never read from the
+// cache: NaN-poisoned or foreign blocks stay unread) and masked.
+//
+// Per tile, warp w (rows 16w … 16w+15):
+//   S[16×BN] = Q·Kᵀ  : A = Q rows (ldmatrix.x4; held in registers for D ≤ 128, re-read from shared memory
+//                       for D = 256 to stay within 255 registers), B = K rows via ldmatrix.x4 (non-trans: a
+//                       K row is a column of Kᵀ, i.e. exactly mma's "col" B layout), D/16 k-steps.
+//   online softmax on the S accumulator fragments (lane holds rows g = lane/4 and g+8, columns
+//   2·(lane%4)+{0,1} of every 8-wide tile; row max / sum over the row's 4 lanes = 2 xor-shuffles), in the
+//   log2 domain (scale·log2 e folded into the scores, exp2).
+//   O[16×D] += P·V   : the S accumulators of n-tiles 2k, 2k+1 ARE the A fragment of k-step k (re-packed to
+//                       16 bit, no shared-memory round trip), B = V rows via ldmatrix.x4.trans.
+// Epilogue: O / l is staged (as T) in the warp's own Q rows of shared memory, then written with 16-byte
+// coalesced stores.
+//
+// Shared memory layout and bank conflicts: Q [BM][LD], then 2 stages × (K [BN][LD], V [BN][LD]), with
+// LD = D + 8 (16 bytes of padding per row). A row is LD/2 = D/2 + 4 32-bit words; D is a multiple of 16,
+// so D/2 ≡ 0 (mod 8) and the row stride ≡ 4, 12, 20 or 28 (mod 32) words — an odd multiple of 4. One
+// 8×8 ldmatrix phase reads 16 bytes (4 banks) from 8 consecutive rows at the same column: the rows start
+// at banks 4·(k·odd mod 8), k = 0…7, which are 8 distinct multiples of 4, so the 8 rows cover all 32 banks
+// exactly once: conflict-free for Q, K and V (plain and .trans read the same bytes). The cp.async stores
+// (8 consecutive threads → 8 consecutive 16-byte chunks of a row) are conflict-free when D/8 ≥ 8 chunks
+// and the phase stays in one row (D = 64, 128, 256); for D = 80 / 96 a phase straddling two rows can hit
+// a 2-way conflict on the (asynchronous) store side only. The epilogue's 4-byte fragment stores: rows g,
+// words 4g'+t with g' = stride·g mod 8 distinct → conflict-free.
+// Shared memory bytes = (BM + 4·BN)·LD·2: D 64: 45 KiB, 80: 33 KiB, 96: 39 KiB, 128: 51 KiB, 256: 99 KiB.
+//
+// Roofline (per block and K/V tile): FLOPs = 4·BM·BN·D (Q·Kᵀ and P·V, 2 per MAC): D 128, BN 32 → 1.05 MFLOP.
+// Shared-memory traffic: cp.async writes 2·BN·D·2 B (16 KiB at D 128) and every warp ldmatrix-reads the
+// whole K and V tile, 4 warps × 2·BN·D·2 B (64 KiB at D 128) — 16 FLOP per byte read, independent of BN
+// and D (each warp owns 16 rows: 4·16·BN·D FLOP / (4·BN·D) B). Global: K/V once per (kv head, block) =
+// 2·BN·D·2 B per tile (64 FLOP/B; repeated reads by the other query blocks of the same kv head hit L2).
+//   A100 (sm_80): 312 TFLOP/s dense fp16/bf16 mma vs ~19.5 TB/s shared memory (108 SMs × 128 B/clk ×
+//     1.41 GHz) → ridge 16 FLOP/B: this tiling sits at the ridge; expect 50–65 % of peak for long
+//     prefills (FA2 reports 50–73 % with 128-row blocks), ~3 blocks (12 warps) per SM at D 128.
+//   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
+//     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
+//     rate (~45 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator can verify.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 150,
+// 80 143, 96 155, 128 168, 256 238 registers, 0 spills (sm_90 alike); checked by tests/test_nvcc_ptxas.py.
+//
+// Fallback rule (paged_prefill_tc_supported): fp16 / bf16, D ∈ {64, 80, 96, 128, 256} (any multiple of 16
+// ≤ 256 tiles; these are the instantiated ones), out 16-byte aligned. Everything else — fp32 above all —
+// runs the SIMT kernel of paged_prefill.cuh.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+#include "paged_prefill.cuh"
+
+namespace mk {
+
+template <typename T>
+inline constexpr bool kPrefillTcType = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+template <int D>
+struct PrefillTcTile {
+  static_assert(D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
+  static constexpr int BM = 64, WARPS = 4, THREADS = WARPS * 32;
+  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per K/V tile
+  static constexpr int LD = D + 8;              // padded shared row (elements), see the header
+  static constexpr int CH = D / 8;              // 16-byte chunks per row
+  static constexpr int KSTEPS = D / 16;         // k-steps of Q·Kᵀ
+  static constexpr int NT = BN / 8;             // 8-key column tiles of S
+  static constexpr int OT = D / 8;              // 8-wide column tiles of O
+  static constexpr bool Q_IN_REGS = D <= 128;   // D = 256: Q fragments re-read per tile (register budget)
+  // Resident blocks per SM the register allocation is sized for: 3 (≤ 170 registers per thread) at
+  // D ≤ 128, matching the 3 blocks A100's 164 KiB of shared memory holds; 2 (≤ 255, i.e. no cap) at D 256,
+  // where shared memory allows 1. Without the hint ptxas picked 128 registers + spills for D 96 on sm_80.
+  static constexpr int MIN_BLOCKS = D <= 128 ? 3 : 2;
+  template <typename T>
+  static constexpr size_t smem_bytes() {
+    return static_cast<size_t>(BM + 4 * BN) * LD * sizeof(T);
+  }
+};
+
+// d += a·b on the tensor cores, in T's 16-bit format.
+template <typename T>
+__device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, __half>) simt::mma_m16n8k16_f16(d, a, b, d);
+  else simt::mma_m16n8k16_bf16(d, a, b, d);
+}
+template <typename T>
+__device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) return simt::pack_half2(lo, hi);
+  else return simt::pack_bf16x2(lo, hi);
+}
+
+// Fragment addressing shared by the kernel and tests/emu/test_prefill_tc_fragments.cpp. `base` points at
+// element [row0][col0] of a row-major shared tile with row stride `ld` elements; lane = 0…31.
+// A operand (16×16 at rows row0…+15, cols col0…+15), ldmatrix.x4 → a[0..3]:
+//   lanes 0-15 → rows 0-15 at col 0, lanes 16-31 → rows 0-15 at col 8.
+template <typename T>
+__device__ __forceinline__ const T* tc_a_row(const T* base, int ld, int lane) {
+  return base + (lane & 15) * ld + (lane >> 4) * 8;
+}
+// B operand from a [n][k] tile (K rows: n = key, k = d), two 8-wide n-tiles × one 16-deep k-step,
+// ldmatrix.x4 (non-trans) → {r0, r1} = b of n-tile 0, {r2, r3} = b of n-tile 1:
+//   matrix 0: n 0-7 k 0-7, 1: n 0-7 k 8-15, 2: n 8-15 k 0-7, 3: n 8-15 k 8-15 (lanes 8i…8i+7 → matrix i).
+template <typename T>
+__device__ __forceinline__ const T* tc_b_nk_row(const T* base, int ld, int lane) {
+  return base + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8;
+}
+// B operand from a [k][n] tile (V rows: k = key, n = d), one 16-deep k-step × two 8-wide n-tiles,
+// ldmatrix.x4.trans → {r0, r1} = b of n-tile 0, {r2, r3} = b of n-tile 1:
+//   matrix 0: k 0-7 n 0-7, 1: k 8-15 n 0-7, 2: k 0-7 n 8-15, 3: k 8-15 n 8-15.
+template <typename T>
+__device__ __forceinline__ const T* tc_b_kn_row(const T* base, int ld, int lane) {
+  return base + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
+}
+// The P·V A operand of k-step k from the fp32 S accumulators of n-tiles 2k (lo) and 2k+1 (hi):
+// accumulator c[0..1] = row g, c[2..3] = row g+8 → a[0] = P[g][2t..], a[1] = P[g+8][2t..],
+// a[2] = P[g][2t+8..], a[3] = P[g+8][2t+8..].
+template <typename T>
+__device__ __forceinline__ void tc_acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = tc_pack<T>(lo[0], lo[1]);
+  a[1] = tc_pack<T>(lo[2], lo[3]);
+  a[2] = tc_pack<T>(hi[0], hi[1]);
+  a[3] = tc_pack<T>(hi[2], hi[3]);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
+paged_prefill_tc_kernel(const PrefillParams<T> p) {
+  using C = PrefillTcTile<D>;
+  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, CH = C::CH, NT = C::NT, OT = C::OT;
+  constexpr float kNegInf = -INFINITY, kLog2e = 1.4426950408889634f;
+  using V16 = Vec<T, 8>;
+  SIMT_DYN_SMEM(T, smem);
+  T* Qs = smem;             // [BM][LD]
+  T* KVs = Qs + BM * LD;    // [2 stages][K, V][BN][LD]
+
+  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int G = p.Hq / p.Hkv;
+  const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
+  const int rows = qlen * G, r0 = static_cast<int>(blockIdx.x) * BM;
+  if (r0 >= rows) return;  // uniform for the whole block
+  const int pos0 = p.seq_lens[b] - qlen;  // position of the sequence's first new token
+  const int last = min(r0 + BM, rows) - 1;
+  const int kstart = static_cast<int>(first_visible_key(pos0 + r0 / G, p.window)), kend = pos0 + last / G + 1;
+  const int ntiles = static_cast<int>(ceil_div(kend - kstart, BN));
+  const int tid = threadIdx.x;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.M;
+  const int64_t kv_row = static_cast<int64_t>(p.Hkv) * D;
+
+  // Q tile (rows past the sequence zero-filled) and K/V tile 0 form the first cp.async group.
+  for (int idx = tid; idx < BM * CH; idx += C::THREADS) {
+    const int r = idx / CH, c = idx % CH, R = r0 + r;
+    const T* src = p.q;
+    unsigned bytes = 0;
+    if (R < rows) {
+      src = p.q + static_cast<int64_t>(q0 + R / G) * p.q_stride + static_cast<int64_t>(kvh * G + R % G) * D + c * 8;
+      bytes = 16;
+    }
+    simt::cp_async_16_zfill(Qs + r * LD + c * 8, src, bytes);
+  }
+  // K/V tile `t` (keys kstart + t·BN …) gathered through the block table into stage `stage`.
+  auto load_kv = [&](int t, int stage) {
+    T* Ks = KVs + stage * 2 * BN * LD;
+    T* Vs = Ks + BN * LD;
+    const int n0 = kstart + t * BN;
+    for (int idx = tid; idx < BN * CH; idx += C::THREADS) {
+      const int c = idx / CH, v = idx % CH, j = n0 + c;
+      int64_t off = 0;
+      unsigned bytes = 0;
+      if (j < kend) {
+        const int32_t blk = bt[j / p.S];
+        if (blk >= 0 && blk < p.N) {  // ids were validated; never read outside the cache regardless
+          off = (static_cast<int64_t>(blk) * p.S + j % p.S) * kv_row + static_cast<int64_t>(kvh) * D + v * 8;
+          bytes = 16;
+        }
+      }
+      simt::cp_async_16_zfill(Ks + c * LD + v * 8, p.k_cache + off, bytes);
+      simt::cp_async_16_zfill(Vs + c * LD + v * 8, p.v_cache + off, bytes);
+    }
+  };
+  load_kv(0, 0);
+  simt::cp_async_commit();
+
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int wr0 = r0 + warp * 16;  // this warp's first row
+  const bool warp_rows = wr0 < rows;
+  // keys any row of this warp sees: [wlo, whi]
+  const int wlo = static_cast<int>(first_visible_key(pos0 + wr0 / G, p.window));
+  const int whi = pos0 + (min(wr0 + 15, rows - 1)) / G;
+  int rpos[2], rlo[2];  // this lane's two rows: position (-1: padding row) and first visible key
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int R = wr0 + g + 8 * h;
+    rpos[h] = R < rows ? pos0 + R / G : -1;
+    rlo[h] = static_cast<int>(first_visible_key(rpos[h], p.window));
+  }
+  const float sl = p.scale * kLog2e;
+
+  float o[OT][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int t = 0; t < OT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  uint32_t qf[C::Q_IN_REGS ? C::KSTEPS : 1][4];
+  bool q_loaded = false;
+  const T* Qw = Qs + warp * 16 * LD;
+
+  for (int it = 0; it < ntiles; ++it) {
+    // Prefetch tile it+1 into the other stage (freed by the trailing barrier of iteration it-1), then
+    // wait for tile it's group: at most the just-committed one stays in flight.
+    if (it + 1 < ntiles) load_kv(it + 1, (it + 1) & 1);
+    simt::cp_async_commit();
+    simt::cp_async_wait<1>();
+    __syncthreads();
+
+    const int n0 = kstart + it * BN;
+    if (warp_rows && n0 <= whi && n0 + BN - 1 >= wlo) {  // warp-uniform
+      const T* Ks = KVs + (it & 1) * 2 * BN * LD;
+      const T* Vs = Ks + BN * LD;
+      if constexpr (C::Q_IN_REGS) {
+        if (!q_loaded) {  // first tile this warp computes on: fetch its Q fragments once
+#pragma unroll
+          for (int kk = 0; kk < C::KSTEPS; ++kk) simt::ldmatrix_x4(qf[kk], tc_a_row(Qw + kk * 16, LD, lane));
+          q_loaded = true;
+        }
+      }
+      // S = Q·Kᵀ
+      float s[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < C::KSTEPS; ++kk) {
+        uint32_t a[4];
+        if constexpr (C::Q_IN_REGS) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[e] = qf[kk][e];
+        } else {
+          simt::ldmatrix_x4(a, tc_a_row(Qw + kk * 16, LD, lane));
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t bk[4];
+          simt::ldmatrix_x4(bk, tc_b_nk_row(Ks + np * 16 * LD + kk * 16, LD, lane));
+          const uint32_t b0[2] = {bk[0], bk[1]}, b1[2] = {bk[2], bk[3]};
+          tc_mma<T>(s[2 * np], a, b0);
+          tc_mma<T>(s[2 * np + 1], a, b1);
+        }
+      }
+      // Mask (causal + window; keys ≥ kend lie past every row's position) and scale into the log2 domain.
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1, key = n0 + j * 8 + 2 * t4 + (e & 1);
+          s[j][e] = key >= rlo[h] && key <= rpos[h] ? s[j][e] * sl : kNegInf;
+        }
+      // Online softmax per row; the row's 4 lanes reduce with xor 1, 2.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+        mx = fmaxf(mx, simt::shfl_xor(mx, 1));
+        mx = fmaxf(mx, simt::shfl_xor(mx, 2));
+        const float m_new = fmaxf(m[h], mx);
+        const float m_use = m_new == kNegInf ? 0.f : m_new;  // nothing visible yet: everything stays 0
+        const float alpha = exp2f(m[h] - m_use);
+        m[h] = m_new;
+        float rs = 0.f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[j][e] = exp2f(s[j][e] - m_use);  // masked: exp2(-inf) = 0
+            rs += s[j][e];
+          }
+        l[h] = l[h] * alpha + rs;  // per-lane partial; the row's 4 lanes are summed in the epilogue
+#pragma unroll
+        for (int t = 0; t < OT; ++t) {
+          o[t][2 * h] *= alpha;
+          o[t][2 * h + 1] *= alpha;
+        }
+      }
+      // O += P·V
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        uint32_t a[4];
+        tc_acc_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < OT / 2; ++dp) {
+          uint32_t bv[4];
+          simt::ldmatrix_x4_trans(bv, tc_b_kn_row(Vs + kk * 16 * LD + dp * 16, LD, lane));
+          const uint32_t b0[2] = {bv[0], bv[1]}, b1[2] = {bv[2], bv[3]};
+          tc_mma<T>(o[2 * dp], a, b0);
+          tc_mma<T>(o[2 * dp + 1], a, b1);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before iteration it+1 refills it
+  }
+
+  if (!warp_rows) return;  // warp-uniform; no block barrier follows
+  // Epilogue: O / l as T into this warp's own Q rows, then 16-byte stores of whole rows.
+  T* Ow = Qs + warp * 16 * LD;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lt = l[h];
+    lt += simt::shfl_xor(lt, 1);
+    lt += simt::shfl_xor(lt, 2);
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+#pragma unroll
+    for (int t = 0; t < OT; ++t)
+      *reinterpret_cast<uint32_t*>(Ow + (g + 8 * h) * LD + t * 8 + 2 * t4) =
+          tc_pack<T>(o[t][2 * h] * inv, o[t][2 * h + 1] * inv);
+  }
+  __syncwarp();
+  for (int idx = lane; idx < 16 * CH; idx += 32) {
+    const int r = idx / CH, c = idx % CH, R = wr0 + r;
+    if (R >= rows) break;  // idx grows with r
+    T* dst = p.out + (static_cast<int64_t>(q0 + R / G) * p.Hq + static_cast<int64_t>(kvh) * G + R % G) * D + c * 8;
+    *reinterpret_cast<V16*>(dst) = *reinterpret_cast<const V16*>(Ow + r * LD + c * 8);
+  }
+}
+
+// True when launch_paged_prefill_tc handles this call (see the fallback rule in the header).
+template <typename T>
+inline bool paged_prefill_tc_supported(const PrefillParams<T>& p, int D) {
+  return kPrefillTcType<T> && (D == 64 || D == 80 || D == 96 || D == 128 || D == 256) && aligned16(p.out);
+}
+
+template <typename T, int D>
+cudaError_t launch_paged_prefill_tc_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
+  using C = PrefillTcTile<D>;
+  const int G = p.Hq / p.Hkv;
+  const dim3 grid(static_cast<unsigned>(ceil_div(Tq * G, C::BM)), static_cast<unsigned>(p.Hkv),
+                  static_cast<unsigned>(B));
+  return simt::launch(paged_prefill_tc_kernel<T, D>, grid, dim3(C::THREADS), C::template smem_bytes<T>(), stream, p);
+}
+
+// Same arguments as launch_paged_prefill (Tq = q.shape[0]); cudaErrorInvalidValue when
+// paged_prefill_tc_supported(p, D) is false, cudaErrorMisalignedAddress for rows unfit for 16-byte copies.
+template <typename T>
+cudaError_t launch_paged_prefill_tc(const PrefillParams<T>& p, int64_t Tq, int B, int D, cudaStream_t stream) {
+  if constexpr (!kPrefillTcType<T>) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (!paged_prefill_tc_supported(p, D)) return cudaErrorInvalidValue;
+    if (Tq == 0 || B == 0 || p.Hq == 0) return cudaSuccess;
+    if (!aligned16(p.q) || p.q_stride % 8 != 0 || !aligned16(p.k_cache) || !aligned16(p.v_cache))
+      return cudaErrorMisalignedAddress;
+    switch (D) {
+      case 64: return launch_paged_prefill_tc_d<T, 64>(p, Tq, B, stream);
+      case 80: return launch_paged_prefill_tc_d<T, 80>(p, Tq, B, stream);
+      case 96: return launch_paged_prefill_tc_d<T, 96>(p, Tq, B, stream);
+      case 128: return launch_paged_prefill_tc_d<T, 128>(p, Tq, B, stream);
+      case 256: return launch_paged_prefill_tc_d<T, 256>(p, Tq, B, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+}
+
+}  // namespace mk
