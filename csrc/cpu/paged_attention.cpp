@@ -26,6 +26,13 @@ constexpr int64_t kPrefillRows = 32;      // target query rows (tokens × group 
 
 inline int64_t ceil_div_i(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
 
+// Items per parallel task so that a task does at least ~64k multiply-adds: tiny problems (short
+// contexts, small models) run inline instead of paying a parallel region per layer.
+inline int64_t grain_for(int64_t work_per_item) {
+  constexpr int64_t kMinTaskWork = int64_t{1} << 16;
+  return std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(1, work_per_item));
+}
+
 struct Geometry {
   int64_t B, Hq, Hkv, G, D, S, M, key_stride;
   Geometry(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& block_tables)
@@ -52,10 +59,11 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
   const T* vc = v_cache.const_data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t q_stride = q.stride(0);
-  int64_t P = 1;
+  int64_t P = 1, max_range = 0;
   for (int64_t b = 0; b < g.B; ++b) {
     const int64_t L = sl[b], lo = check::first_visible_key(L - 1, window);
     P = std::max(P, ceil_div_i(L - lo, part));
+    max_range = std::max(max_range, L - lo);
   }
   // Split-K workspace (P > 1): per (b, kvh, partition) the G rows' m, l and unnormalised acc.
   std::vector<float> ws_acc, ws_m, ws_l;
@@ -65,7 +73,7 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
     ws_l.resize(g.B * g.Hkv * P * g.G);
   }
   const int64_t items = g.B * g.Hkv * P;
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, items, grain_for(std::min(max_range, part) * g.G * g.D), [&](int64_t i0, int64_t i1) {
     attn::Scratch sc;
     sc.reserve(g.G, g.D);
     std::vector<float> qbuf(g.G * g.D), acc(g.G * g.D), m(g.G), l(g.G);
@@ -95,7 +103,7 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
   });
   if (P == 1) return;
   // Merge the partitions of each (b, q head) in partition order.
-  at::parallel_for(0, g.B * g.Hq, 1, [&](int64_t i0, int64_t i1) {
+  at::parallel_for(0, g.B * g.Hq, grain_for(P * g.D), [&](int64_t i0, int64_t i1) {
     std::vector<float> acc(g.D);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t b = it / g.Hq, h = it % g.Hq, kvh = h / g.G, r = h % g.G;
@@ -136,7 +144,10 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t i = 0; i < cu[b + 1] - cu[b]; i += QT) tiles.emplace_back(b, i);
   const int64_t items = static_cast<int64_t>(tiles.size()) * g.Hkv;
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < g.B; ++b) max_len = std::max<int64_t>(max_len, sl[b]);
+  const int64_t keys = window > 0 ? std::min(max_len, window + QT) : max_len;  // upper bound per tile
+  at::parallel_for(0, items, grain_for(QT * g.G * keys * g.D), [&](int64_t i0, int64_t i1) {
     const int64_t R = QT * g.G;
     attn::Scratch sc;
     sc.reserve(R, g.D);
