@@ -69,14 +69,15 @@ std::string schedule_name(const Schedule& s) {
   return "?";
 }
 
-// MK_SIMT_THREADS: OS threads that run blocks (default 1: on a small shared box the tests' tiny grids
-// gain nothing from more, see README).
+// MK_SIMT_THREADS: OS threads that run blocks. Default: one per core, at most 8 (on the 2-core dev box
+// two threads emulate a 512-block rms_norm 1.3x faster than one, and tiny grids equally fast).
 int os_threads() {
   if (const char* env = std::getenv("MK_SIMT_THREADS")) {
     const long v = std::strtol(env, nullptr, 10);
     if (v >= 1) return static_cast<int>(std::min<long>(v, 256));
   }
-  return 1;
+  static const int cores = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  return cores;
 }
 
 std::string dims(dim3 d) {
