@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.h"
+#include "vec_math.h"
 
 namespace mk::cpu::attn {
 
@@ -39,6 +40,57 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   for (int u = 0; u < 8; ++u) lane[u] += lane[u + 8];
   for (int u = 0; u < 4; ++u) lane[u] += lane[u + 4];
   return s + ((lane[0] + lane[2]) + (lane[1] + lane[3]));
+}
+
+// Four dot products of q with k[0..3] in one pass: q is loaded once and the four independent 16-lane
+// accumulators hide the FMA latency (a single dot is one dependent chain). Lane sums in fixed order.
+inline void dot4(const float* __restrict q, const float* __restrict k0, const float* __restrict k1,
+                 const float* __restrict k2, const float* __restrict k3, int64_t n, float* out) {
+  float a0[16] = {0.f}, a1[16] = {0.f}, a2[16] = {0.f}, a3[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int u = 0; u < 16; ++u) {
+      const float x = q[i + u];
+      a0[u] += x * k0[i + u];
+      a1[u] += x * k1[i + u];
+      a2[u] += x * k2[i + u];
+      a3[u] += x * k3[i + u];
+    }
+  float t[4] = {0.f, 0.f, 0.f, 0.f};
+  for (; i < n; ++i) {
+    t[0] += q[i] * k0[i];
+    t[1] += q[i] * k1[i];
+    t[2] += q[i] * k2[i];
+    t[3] += q[i] * k3[i];
+  }
+  float* acc[4] = {a0, a1, a2, a3};
+  for (int c = 0; c < 4; ++c) {
+    float* a = acc[c];
+    for (int u = 0; u < 8; ++u) a[u] += a[u + 8];
+    for (int u = 0; u < 4; ++u) a[u] += a[u + 4];
+    out[c] = t[c] + ((a[0] + a[2]) + (a[1] + a[3]));
+  }
+}
+
+// acc[0:D] += Σ_c p[c] · v[c][0:D] over the n keys of a chunk (p[c] = 0 skipped: masked keys are never
+// multiplied). 64-float slices of acc stay in registers across the keys.
+inline void accumulate_pv(float* __restrict acc, const float* p, const float* const* v, int64_t n, int64_t D) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    float t[64];
+    for (int u = 0; u < 64; ++u) t[u] = acc[d0 + u];
+    for (int64_t c = 0; c < n; ++c) {
+      if (p[c] == 0.f) continue;
+      const float pc = p[c];
+      const float* __restrict vc = v[c] + d0;
+      for (int u = 0; u < 64; ++u) t[u] += pc * vc[u];
+    }
+    for (int u = 0; u < 64; ++u) acc[d0 + u] = t[u];
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    if (p[c] == 0.f) continue;
+    for (int64_t d = d0; d < D; ++d) acc[d] += p[c] * v[c][d];
+  }
 }
 
 inline void axpy(float* __restrict y, float a, const float* __restrict x, int64_t n) {
@@ -126,10 +178,14 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
       float* s = scores + r * kChunk;
       const float* q = rows.q + r * D;
       const int64_t lo = rows.lo[r], hi = rows.hi[r];
+      // Visible keys of this row in the chunk: [c0, c1) (ranges are contiguous).
+      const int64_t c0 = std::clamp<int64_t>(lo - j, 0, n), c1 = std::clamp<int64_t>(hi - j, 0, n);
+      int64_t c = c0;
+      for (; c + 4 <= c1; c += 4) dot4(q, kp[c], kp[c + 1], kp[c + 2], kp[c + 3], D, s + c);
+      for (; c < c1; ++c) s[c] = dot(q, kp[c], D);
       float cmax = kNegInf;
-      for (int64_t c = 0; c < n; ++c) {
-        const int64_t key = j + c;
-        s[c] = (key >= lo && key < hi) ? dot(q, kp[c], D) : kNegInf;
+      for (c = 0; c < n; ++c) {
+        if (c < c0 || c >= c1) s[c] = kNegInf;
         cmax = std::max(cmax, s[c]);
       }
       if (cmax == kNegInf) {  // nothing visible for this row in the chunk
@@ -144,7 +200,7 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
         for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
       float sum = 0.f;
       for (int64_t c = 0; c < n; ++c) {
-        s[c] = std::exp(s[c] - m_new);  // masked: exp(-inf) = 0
+        s[c] = exp_f(s[c] - m_new);  // vectorised polynomial exp; masked: exp(-inf) = 0
         sum += s[c];
       }
       rows.l[r] = rows.l[r] * alpha + sum;
@@ -153,10 +209,7 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
     if (any) {
       rows_as_float(v_head + slot0 * key_stride, key_stride, n, D, sc.vbuf.data(), vp);
       for (int64_t r = 0; r < R; ++r) {
-        const float* p = scores + r * kChunk;
-        float* acc = rows.acc + r * D;
-        for (int64_t c = 0; c < n; ++c)
-          if (p[c] != 0.f) axpy(acc, p[c], vp[c], D);
+        accumulate_pv(rows.acc + r * D, scores + r * kChunk, vp, n, D);
       }
     }
     j += n;
