@@ -15,9 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import mistral_kernels
 from mistral_kernels import load_model
 from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
+from mistral_kernels.model import Model
 from mistral_kernels.weights import CheckpointError, expected_shapes, load_checkpoint
 
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
@@ -153,6 +155,37 @@ def test_config_sources_agree(checkpoint) -> None:
     from_params = ModelConfig.from_params_json(json.loads((consolidated_dir / "params.json").read_text()))
     assert from_hf.replace(rope_is_neox=False, bos_token_id=None, eos_token_ids=()) == from_params
     assert from_hf.num_parameters() == hf.num_parameters()
+
+
+# ------------------------------------------------------------------------------------------ emulated CUDA kernels
+@pytest.mark.parametrize("kind", ["mistral", "mixtral"])
+def test_emulated_cuda_kernels_end_to_end(kind: str, tmp_path: Path) -> None:
+    """The whole decoder on the CUDA kernels run by the SIMT emulator (D=64, a CUDA head size; W=8 < 20
+    tokens): prefill logits vs transformers, then decode steps through the emulated decode kernel."""
+    if not mistral_kernels.emulator_compiled():
+        pytest.skip("emulated kernels not built (MK_EMU=OFF); .ci/run requires them")
+    import mistral_kernels.emulated as emulated
+
+    torch.manual_seed(0)
+    small = {**COMMON, "hidden_size": 128, "head_dim": 64, "intermediate_size": 64, "num_attention_heads": 2,
+             "num_key_value_heads": 1}
+    if kind == "mistral":
+        hf = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=8, **small)).eval()
+    else:
+        hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                                                        **small)).eval()
+    hf.save_pretrained(tmp_path)
+    config, weights = load_checkpoint(tmp_path, progress=False)
+    model = Model(config, weights, kernels=emulated)
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(2))
+    expected = logits_transformers(hf, ids)
+    prefix, block_size = 14, 8
+    cache = model.new_cache(4, block_size)
+    table = [3, 1, 2]
+    steps = [model.forward(ids[:prefix], AttentionBatch.build([table], [0], [prefix], block_size), cache)]
+    for p in range(prefix, ids.shape[0]):
+        steps.append(model.forward(ids[p:p + 1], AttentionBatch.build([table], [p], [1], block_size), cache))
+    torch.testing.assert_close(torch.cat(steps), expected, atol=1e-3, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------ errors

@@ -71,7 +71,8 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"ModelConfig: n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
-            raise ValueError(f"ModelConfig.rotary_dim={self.rotary_dim} must be even and in (0, head_dim={self.head_dim}]")
+            raise ValueError(f"ModelConfig.rotary_dim={self.rotary_dim} must be even and in "
+                             f"(0, head_dim={self.head_dim}]")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"ModelConfig.sliding_window must be > 0 or None, got {self.sliding_window}")
         if self.num_experts and not 0 < self.top_k <= self.num_experts:
@@ -118,7 +119,8 @@ class ModelConfig:
         if seq_len < 1:
             raise ValueError(f"flops_per_token: seq_len must be >= 1, got {seq_len}")
         context = min(seq_len, self.sliding_window or seq_len)
-        return 2 * self._matmul_parameters(active_only=True) + 4 * self.n_layers * context * self.n_heads * self.head_dim
+        attention = 4 * self.n_layers * context * self.n_heads * self.head_dim
+        return 2 * self._matmul_parameters(active_only=True) + attention
 
     def _matmul_parameters(self, active_only: bool) -> int:
         """Weights used in matmuls: projections, FFN / experts (k of E when active_only), router, LM head."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -67,9 +68,11 @@ class KVCache:
 class DecoderLayer:
     """RMSNorm → attention → fused add + RMSNorm → SwiGLU / MoE FFN, weights from the fused checkpoint."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int,
+                 kernels: ModuleType) -> None:
         p = f"layers.{index}."
         self.config = config
+        self.kernels = kernels
         self.attn_norm = weights[p + "attn_norm"]  # [H]
         self.qkv = weights[p + "qkv"]              # [(Hq + 2·Hkv)·D, H]
         self.wo = weights[p + "wo"]                # [H, Hq·D]
@@ -93,22 +96,23 @@ class DecoderLayer:
         q = q.view(t, c.n_heads, c.head_dim)                                   # [T, Hq, D] (token-strided views)
         k = k.view(t, c.n_kv_heads, c.head_dim)                                # [T, Hkv, D]
         v = v.view(t, c.n_kv_heads, c.head_dim)
-        ops.rotary_embedding(batch.positions, q, k, cos_sin, c.rope_is_neox)
-        ops.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
+        self.kernels.rotary_embedding(batch.positions, q, k, cos_sin, c.rope_is_neox)
+        self.kernels.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
         scale = c.head_dim ** -0.5
         if batch.decode_only:
-            out = ops.paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale,
-                                             c.sliding_window)
+            out = self.kernels.paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                                                      scale, c.sliding_window)
         else:
-            out = ops.paged_prefill_attention(q, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q,
-                                              batch.seq_lens, scale, c.sliding_window)
+            out = self.kernels.paged_prefill_attention(q, k_cache, v_cache, batch.block_tables,
+                                                       batch.cu_seqlens_q, batch.seq_lens, scale, c.sliding_window)
         return ops.linear(out.view(t, c.n_heads * c.head_dim), self.wo)          # [T, H]
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] (normed) → [T, H]: SwiGLU, or Mixtral's sparse MoE block."""
         if self.config.is_moe:
-            return ops.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
-        return ops.linear(ops.silu_and_mul(ops.linear(x, self.w13)), self.w2)    # [T, 2I] → [T, I] → [T, H]
+            return self.kernels.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
+        gate_up = ops.linear(x, self.w13)                                       # [T, 2I]
+        return ops.linear(self.kernels.silu_and_mul(gate_up), self.w2)          # [T, I] → [T, H]
 
 
 class Model:
@@ -118,14 +122,18 @@ class Model:
     ----------
     config : the architecture
     weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`)
+    kernels : the op namespace the decoder calls — :mod:`mistral_kernels.ops` (default), or
+        :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests). Matmuls
+        always use :func:`mistral_kernels.ops.linear`.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops) -> None:
         self.config = config
+        self.kernels = kernels
         self.embed = weights["embed"]                                          # [V, H]
         self.norm = weights["norm"]                                            # [H]
         self.lm_head = self.embed if config.tie_embeddings else weights["lm_head"]  # [V, H]
-        self.layers = [DecoderLayer(config, weights, n) for n in range(config.n_layers)]
+        self.layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.cos_sin = ops.rope_cos_sin_cache(config.max_position, config.rot_dim, config.rope_theta,
@@ -156,11 +164,11 @@ class Model:
         x = F.embedding(token_ids, self.embed)                                 # [T, H]
         residual = torch.zeros_like(x)                                         # first fused add copies x
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            ops.fused_add_rms_norm(x, residual, layer.attn_norm, eps)          # residual += x; x = norm(residual)
+            self.kernels.fused_add_rms_norm(x, residual, layer.attn_norm, eps)  # residual += x; x = norm(residual)
             x = layer.attention(x, batch, self.cos_sin, k_cache, v_cache)
-            ops.fused_add_rms_norm(x, residual, layer.ffn_norm, eps)
+            self.kernels.fused_add_rms_norm(x, residual, layer.ffn_norm, eps)
             x = layer.ffn(x)
-        ops.fused_add_rms_norm(x, residual, self.norm, eps)
+        self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]                                        # [N, H]
         return ops.linear(x, self.lm_head).float()                               # [N, V]
