@@ -228,6 +228,21 @@ def test_unsupported_hf_configs_raise() -> None:
         ModelConfig.from_hf_config({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
 
 
+def test_presets_equal_the_published_configs() -> None:
+    """Mistral-7B-v0.1's HF config.json and Mixtral-8x7B's params.json (as published) give the presets."""
+    mistral_hf = {"architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+                  "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+                  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+                  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+                  "sliding_window": 4096, "tie_word_embeddings": False, "vocab_size": 32000}
+    assert ModelConfig.from_hf_config(mistral_hf) == ModelConfig.mistral_7b_v01().replace(rope_is_neox=True)
+    mixtral_params = {"dim": 4096, "n_layers": 32, "head_dim": 128, "hidden_dim": 14336, "n_heads": 32,
+                      "n_kv_heads": 8, "norm_eps": 1e-05, "vocab_size": 32000,
+                      "moe": {"num_experts_per_tok": 2, "num_experts": 8}}
+    assert ModelConfig.from_params_json(mixtral_params) == ModelConfig.mixtral_8x7b().replace(
+        bos_token_id=None, eos_token_ids=())
+
+
 # ------------------------------------------------------------------------------------------ sizes
 def test_mixtral_8x7b_parameter_counts() -> None:
     config = ModelConfig.mixtral_8x7b()

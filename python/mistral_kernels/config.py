@@ -181,6 +181,7 @@ class ModelConfig:
         """From a Mistral consolidated ``params.json``; consolidated q/k → interleaved RoPE.
 
         params.json does not state a maximum length; ``max_seq_len`` is used when present, else 32768.
+        A missing ``rope_theta`` means 1e6, as in mistral-inference (the format's reference implementation).
         """
         if params.get("rope_scaling") or params.get("yarn"):
             raise UnsupportedCheckpointError("params.json: RoPE scaling is not supported")
@@ -195,7 +196,7 @@ class ModelConfig:
             hidden_dim=params["hidden_dim"],
             vocab_size=params["vocab_size"],
             norm_eps=params.get("norm_eps", 1e-5),
-            rope_theta=float(params.get("rope_theta", 10000.0)),
+            rope_theta=float(params.get("rope_theta") or 1e6),  # mistral-inference's default when absent
             rope_is_neox=False,
             sliding_window=params.get("sliding_window"),
             tie_embeddings=bool(params.get("tied_embeddings", False)),
