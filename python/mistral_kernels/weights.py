@@ -239,6 +239,9 @@ def _rename(source: _Source, rules: list[_Rule]) -> tuple[dict[str, _Entry], lis
         ids = sorted(by_id)
         if ids != list(range(len(ids))):
             raise CheckpointError(f"{target}: expert tensors are not numbered 0..{len(ids) - 1}: have {ids}")
+        shapes = {n: list(source.shapes[n]) for n in names}
+        if len({tuple(v) for v in shapes.values()}) > 1:
+            raise CheckpointError(f"{target}: expert tensors differ in shape: {shapes}")
         entries[target] = _Entry((len(names), *source.shapes[names[0]]),
                                  lambda ns=names: torch.stack([source.read(n) for n in ns]),
                                  f"{names[0]} … {names[-1]}")
