@@ -55,7 +55,7 @@
 //     prefills (FA2 reports 50–73 % with 128-row blocks), ~3 blocks (12 warps) per SM at D 128.
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
-//     rate (~45 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator can verify.
+//     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
 // Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 150,
 // 80 143, 96 155, 128 168, 256 238 registers, 0 spills (sm_90 alike); checked by tests/test_nvcc_ptxas.py.
 //
