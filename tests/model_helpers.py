@@ -99,11 +99,13 @@ def save_consolidated(hf_dir: Path, out_dir: Path) -> None:
     params = {
         "dim": cfg["hidden_size"], "n_layers": cfg["num_hidden_layers"], "head_dim": hd,
         "hidden_dim": cfg["intermediate_size"], "n_heads": hq, "n_kv_heads": hkv, "norm_eps": cfg["rms_norm_eps"],
-        "vocab_size": cfg["vocab_size"], "rope_theta": cfg["rope_parameters"]["rope_theta"],
+        "vocab_size": cfg["vocab_size"], "rope_theta": (cfg.get("rope_parameters") or cfg)["rope_theta"],
         "max_seq_len": cfg["max_position_embeddings"],
     }
     if cfg.get("sliding_window"):
         params["sliding_window"] = cfg["sliding_window"]
+    if cfg.get("tie_word_embeddings"):
+        params["tied_embeddings"] = True
     if cfg["model_type"] == "mixtral":
         params["moe"] = {"num_experts": cfg["num_local_experts"], "num_experts_per_tok": cfg["num_experts_per_tok"]}
     (out_dir / "params.json").write_text(json.dumps(params))

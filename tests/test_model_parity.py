@@ -35,16 +35,20 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden
 def _hf_config(kind: str, **extra: object) -> transformers.PretrainedConfig:
     if kind == "mistral":
         return transformers.MistralConfig(sliding_window=WINDOW, **COMMON, **extra)
+    if kind == "llama":  # Llama-family with a tied LM head (like SmolLM2)
+        return transformers.LlamaConfig(tie_word_embeddings=True, rope_theta=1e5, **COMMON, **extra)
     return transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, rope_theta=1e6, **COMMON, **extra)
 
 
-@pytest.fixture(scope="module", params=["mistral", "mixtral"])
+MODEL_CLASSES = {"mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+@pytest.fixture(scope="module", params=list(MODEL_CLASSES))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(kind, HF dir, consolidated dir, transformers model) for a random tiny model saved with save_pretrained."""
     kind = request.param
     torch.manual_seed(0)
-    model_cls = transformers.MistralForCausalLM if kind == "mistral" else transformers.MixtralForCausalLM
-    hf = model_cls(_hf_config(kind)).eval()
+    hf = getattr(transformers, MODEL_CLASSES[kind])(_hf_config(kind)).eval()
     root = tmp_path_factory.mktemp(kind)
     hf.save_pretrained(root / "hf")
     save_consolidated(root / "hf", root / "consolidated")
@@ -63,6 +67,7 @@ def test_logits_and_greedy_match_transformers(checkpoint, prompt: torch.Tensor, 
     assert ours.config.rope_is_neox == (layout == "hf")
     assert ours.config.sliding_window == (WINDOW if kind == "mistral" else None)
     assert ours.config.is_moe == (kind == "mixtral")
+    assert ours.config.tie_embeddings == (kind == "llama")
     expected = logits_transformers(hf, prompt)
     got = ours.logits(prompt)
     assert got.dtype == torch.float32 and got.shape == (SEQ, VOCAB)
@@ -81,9 +86,9 @@ def test_sharded_checkpoint(checkpoint, prompt: torch.Tensor, tmp_path: Path) ->
 
 def test_in_memory_naming_checkpoint(checkpoint, prompt: torch.Tensor, tmp_path: Path) -> None:
     """transformers 5 keeps Mixtral experts fused in memory (mlp.experts.gate_up_proj [E, 2I, H], down_proj);
-    a checkpoint written straight from that state dict loads too."""
+    a checkpoint written straight from that state dict loads too (tied models: with a copy of the head)."""
     kind, hf_dir, _, hf = checkpoint
-    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
     if kind == "mixtral":
         assert "model.layers.0.mlp.experts.gate_up_proj" in state
     save_file(state, str(tmp_path / "model.safetensors"))

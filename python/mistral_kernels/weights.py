@@ -250,6 +250,8 @@ def _rename(source: _Source, rules: list[_Rule]) -> tuple[dict[str, _Entry], lis
 
 def _check(path: Path, fmt: str, entries: dict[str, _Entry], unexpected: list[str], config: ModelConfig) -> None:
     expected = expected_shapes(config)
+    if config.tie_embeddings:
+        entries.pop("lm_head", None)  # some tied checkpoints also store the head; tied means it is the embedding
     missing = [n for n in expected if n not in entries]
     extra = unexpected + [f"{e.origin} (as {n})" for n, e in entries.items() if n not in expected]
     bad = [f"{e.origin} (as {n}): {list(e.shape)}, expected {list(expected[n])}"
