@@ -25,6 +25,14 @@ constexpr int kMaxM = 16;  // rows of x handled per call (the wrapper falls back
 
 #if defined(__AVX512F__)
 
+// The NB rows of W being reduced are short (K·sizeof(T) bytes each), too short for the hardware
+// prefetcher to ramp up on its own: touch the same offset of the next row block while computing this
+// one, so the next block's lines are in flight (prefetches past the end of W are harmless no-ops).
+template <typename T>
+inline void prefetch_next_block(const T* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+}
+
 inline __m512 load_f32x16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_f32x16(const c10::BFloat16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
@@ -37,7 +45,10 @@ inline void dot_block_fma(const T* x, int64_t ldx, const T* w, int64_t K, __m512
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
     __m512 wv[NB];
-    for (int r = 0; r < NB; ++r) wv[r] = load_f32x16(w + r * K + k, mask);
+    for (int r = 0; r < NB; ++r) {
+      wv[r] = load_f32x16(w + r * K + k, mask);
+      prefetch_next_block(w + (NB + r) * K + k);
+    }
     for (int m = 0; m < MB; ++m) {
       const __m512 xv = load_f32x16(x + m * ldx + k, mask);
       for (int r = 0; r < NB; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
@@ -52,7 +63,10 @@ inline void dot_block_bf16(const c10::BFloat16* x, int64_t ldx, const c10::BFloa
   for (int64_t k = 0; k < K; k += 32) {
     const __mmask32 mask = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
     __m512bh wv[NB];
-    for (int r = 0; r < NB; ++r) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * K + k);
+    for (int r = 0; r < NB; ++r) {
+      wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * K + k);
+      prefetch_next_block(w + (NB + r) * K + k);
+    }
     for (int m = 0; m < MB; ++m) {
       const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
       for (int r = 0; r < NB; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
