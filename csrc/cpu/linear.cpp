@@ -121,6 +121,9 @@ void linear_cols(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64
 // Rows of x in blocks of up to 4 (4 × 4 accumulators + 4 W vectors fit the 32 zmm registers).
 template <typename T>
 void linear_rows(T* out, const T* x, const T* w, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  // M ≤ 2 (batch-1/2 decode): 8 rows of W in flight; otherwise 4 × 4 accumulators.
+  if (M == 1) return linear_cols<T, 1, 8>(out, N, x, K, w, K, n0, n1);
+  if (M == 2) return linear_cols<T, 2, 8>(out, N, x, K, w, K, n0, n1);
   int64_t m = 0;
   for (; m + 4 <= M; m += 4) linear_cols<T, 4, 4>(out + m * N, N, x + m * K, K, w, K, n0, n1);
   switch (M - m) {
