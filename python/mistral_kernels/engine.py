@@ -40,7 +40,11 @@ __all__ = ["Completion", "Engine", "EngineStats", "RequestTimings"]
 
 
 class PagedModel(Protocol):
-    """What the engine needs from a model (:class:`mistral_kernels.model.Model` provides it)."""
+    """What the engine needs from a model (:class:`mistral_kernels.model.Model` provides it).
+
+    Optional: ``broadcast_tokens(ids [N]) -> ids`` makes the sampled ids identical on all tensor-parallel
+    ranks (called once per step when present).
+    """
 
     config: Any  # ModelConfig: n_layers, n_kv_heads, head_dim, sliding_window, max_position, vocab_size
     device: torch.device
@@ -362,6 +366,9 @@ class Engine:
                                                                      for r in samplers],
                               [r.all_ids for r in samplers]
                               if any(r.params.repetition_penalty != 1.0 for r in samplers) else None)
+            broadcast = getattr(self.model, "broadcast_tokens", None)  # tensor parallel: rank 0's tokens
+            if broadcast is not None:
+                next_ids = broadcast(next_ids)
             next_list = next_ids.tolist()  # the one host read of the step
         else:
             next_list = []

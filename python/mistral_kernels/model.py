@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,9 @@ from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
 from .weights import load_checkpoint
+
+if TYPE_CHECKING:
+    from .parallel import ParallelContext
 
 __all__ = ["KVCache", "Model", "load_model"]
 
@@ -125,15 +129,26 @@ class Model:
     kernels : the op namespace the decoder calls — :mod:`mistral_kernels.ops` (default), or
         :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests). Matmuls
         always use :func:`mistral_kernels.ops.linear`.
+    parallel : tensor / expert parallelism (:mod:`mistral_kernels.parallel`): ``weights`` are then this
+        rank's shards, the layers all-reduce, and the KV cache holds only the rank's kv heads. None = one
+        process.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops,
+                 parallel: ParallelContext | None = None) -> None:
         self.config = config
+        self.parallel = parallel
         self.kernels = kernels
         self.embed = weights["embed"]                                          # [V, H]
         self.norm = weights["norm"]                                            # [H]
         self.lm_head = self.embed if config.tie_embeddings else weights["lm_head"]  # [V, H]
-        self.layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
+        if parallel is None:
+            self.layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
+        else:
+            from .parallel_layers import ShardedDecoderLayer
+
+            self.layers = [ShardedDecoderLayer(config, weights, n, kernels, parallel)
+                           for n in range(config.n_layers)]
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.cos_sin = ops.rope_cos_sin_cache(config.max_position, config.rot_dim, config.rope_theta,
@@ -141,7 +156,12 @@ class Model:
 
     def new_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """A zeroed paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens, in the model's dtype."""
-        return KVCache.allocate(self.config, num_blocks, block_size, device=self.device, dtype=self.dtype)
+        config = self.config if self.parallel is None else self.parallel.local_config(self.config)  # local kv heads
+        return KVCache.allocate(config, num_blocks, block_size, device=self.device, dtype=self.dtype)
+
+    def broadcast_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Sampled ids [N] made identical on all ranks (rank 0's); the identity in one process."""
+        return ids if self.parallel is None else self.parallel.broadcast_tokens(ids)
 
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
@@ -193,11 +213,13 @@ class Model:
 
 
 def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: bool = True) -> Model:
+               progress: bool = True, parallel: ParallelContext | None = None) -> Model:
     """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
 
     The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
-    metadata); RoPE layout follows the format; weights are not permuted.
+    metadata); RoPE layout follows the format; weights are not permuted. With ``parallel`` each rank reads
+    only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`).
     """
-    config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress)
-    return Model(config, weights)
+    shard = None if parallel is None else parallel.shard
+    config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, shard=shard)
+    return Model(config, weights, parallel=parallel)

@@ -125,21 +125,29 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 # ---------------------------------------------------------------------------------------------- sources
+Index = tuple[slice, ...]  # one slice per dim (tensor-parallel shards, see parallel.shard_index)
+ShardFn = Callable[[ModelConfig, str], "tuple[slice, ...] | None"]  # (config, canonical name) → part to read
+
+
 @dataclass
 class _Entry:
-    """One canonical tensor: its shape (known without reading data) and how to read it."""
+    """One canonical tensor: its shape (known without reading data) and how to read it.
+
+    ``load()`` reads all of it; ``load(index)`` only the part ``index`` (one slice per dim) selects.
+    """
 
     shape: tuple[int, ...]
-    load: Callable[[], torch.Tensor]
+    load: Callable[..., torch.Tensor]
     origin: str  # tensor name(s) in the file, for messages
 
 
 @dataclass
 class _Source:
-    """The tensors of a checkpoint: name → shape, and a reader returning fp32 or native-dtype tensors."""
+    """The tensors of a checkpoint: name → shape, and a reader ``read(name, index=None)`` returning fp32 or
+    native-dtype tensors (``index``: one slice per dim, read only that part)."""
 
     shapes: dict[str, tuple[int, ...]]
-    read: Callable[[str], torch.Tensor]
+    read: Callable[..., torch.Tensor]
     closers: list[contextlib.AbstractContextManager] = field(default_factory=list)
 
 
@@ -185,7 +193,12 @@ def _safetensors_source(files: list[Path]) -> _Source:
         for name in handle.keys():
             shapes[name] = tuple(handle.get_slice(name).get_shape())
             handles[name] = handle
-    return _Source(shapes, lambda name: handles[name].get_tensor(name), closers)
+    def read(name: str, index: Index | None = None) -> torch.Tensor:
+        if index is None:
+            return handles[name].get_tensor(name)
+        return handles[name].get_slice(name)[index]  # reads only the selected bytes
+
+    return _Source(shapes, read, closers)
 
 
 def _gguf_source(path: Path) -> tuple[_Source, object]:
@@ -194,7 +207,9 @@ def _gguf_source(path: Path) -> tuple[_Source, object]:
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
 
-    def read(name: str) -> torch.Tensor:
+    def read(name: str, index: Index | None = None) -> torch.Tensor:
+        if index is not None:  # GGUF: dequantize the whole tensor, keep the shard
+            return read(name)[index].clone()
         t = tensors[name]
         try:
             array = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -223,13 +238,15 @@ def _rename(source: _Source, rules: list[_Rule]) -> tuple[dict[str, _Entry], lis
             if "expert" in m.groupdict():
                 experts.setdefault(targets[0], {})[int(m.group("expert"))] = name
             elif split == 1:
-                entries[targets[0]] = _Entry(shape, lambda n=name: source.read(n), name)
+                entries[targets[0]] = _Entry(shape, lambda index=None, n=name: source.read(n, index), name)
             else:  # [E, 2I, H] → two [E, I, H]
                 half = shape[-2] // 2
                 for part, target in enumerate(targets):
                     entries[target] = _Entry(
                         (*shape[:-2], half, shape[-1]),
-                        lambda n=name, a=part * half: source.read(n)[..., a:a + half, :], name)
+                        lambda index=None, n=name, a=part * half, h=half: (
+                            source.read(n)[..., a:a + h, :] if index is None
+                            else source.read(n, _offset_rows(index, a, h))), name)
             break
         else:
             if not _IGNORED.fullmatch(name):
@@ -243,9 +260,26 @@ def _rename(source: _Source, rules: list[_Rule]) -> tuple[dict[str, _Entry], lis
         if len({tuple(v) for v in shapes.values()}) > 1:
             raise CheckpointError(f"{target}: expert tensors differ in shape: {shapes}")
         entries[target] = _Entry((len(names), *source.shapes[names[0]]),
-                                 lambda ns=names: torch.stack([source.read(n) for n in ns]),
+                                 lambda index=None, ns=names: torch.stack(
+                                     [source.read(n) for n in ns] if index is None
+                                     else [source.read(n, index[1:]) for n in ns[index[0]]]),
                                  f"{names[0]} … {names[-1]}")
     return entries, unexpected
+
+
+def _offset_rows(index: Index, start: int, size: int) -> Index:
+    """Index of the half ``[start, start + size)`` of dim -2 (a fused [E, 2I, H] tensor's w1 / w3 part):
+    ``index`` selects inside the half. E.g. w3 = rows 96‥191 of gate_up_proj (I = 96), index rows 48‥95
+    → file rows 144‥191."""
+    first, last, step = index[-2].indices(size)
+    if step != 1:
+        raise ValueError(f"_offset_rows: shard slices must be contiguous, got step {step}")
+    return (*index[:-2], slice(start + first, start + last), index[-1])
+
+
+def _full_index(index: tuple[slice, ...], ndim: int) -> Index:
+    """Pad ``index`` with whole-dim slices to ``ndim`` entries."""
+    return (*index, *(slice(None),) * (ndim - len(index)))
 
 
 def _check(path: Path, fmt: str, entries: dict[str, _Entry], unexpected: list[str], config: ModelConfig) -> None:
@@ -268,9 +302,14 @@ def _check(path: Path, fmt: str, entries: dict[str, _Entry], unexpected: list[st
 
 def load_checkpoint(
     path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-    progress: bool = True,
+    progress: bool = True, shard: ShardFn | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a checkpoint into fused weights (names in the module docstring) of ``dtype`` on ``device``.
+
+    ``shard(config, canonical_name)`` → slices (or None = whole): read only that part of each tensor
+    (one tensor-parallel rank, :meth:`mistral_kernels.parallel.ParallelContext.shard`); fusion then joins
+    the parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected bytes; GGUF tensors
+    are dequantized whole, then cut.
 
     Raises
     ------
@@ -294,6 +333,11 @@ def load_checkpoint(
         entries, unexpected = _rename(source, rules)
         _check(path, fmt, entries, unexpected, config)
         raw = {name: entries[name].load for name in expected_shapes(config)}
+        if shard is not None:
+            for name, entry in entries.items():
+                index = shard(config, name) if name in raw else None
+                if index is not None:
+                    raw[name] = lambda e=entry, i=_full_index(index, len(entry.shape)): e.load(i)
         weights = dict(_fuse(config, raw, device, dtype, progress, desc=f"loading {path.name}"))
     return config, weights
 
