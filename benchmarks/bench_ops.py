@@ -80,9 +80,53 @@ def rope_cases(dtype: torch.dtype, tokens: int) -> list[Case]:
     return cases
 
 
+def attention_cases(dtype: torch.dtype, tokens: int) -> list[Case]:
+    """Mistral-7B attention (Hq 32, Hkv 8, D 128, block 16): the cases of bench_attention.py."""
+    import bench_attention as ba
+
+    cases = [ba.cache_case(tokens, dtype), ba.decode_case(1, 512, dtype), ba.decode_case(1, 4096, dtype),
+             ba.decode_case(8, 512, dtype), ba.prefill_case(tokens, 0, dtype)]
+    return [Case(c.op, f"mistral-7b {c.shape}", c.nbytes, c.ours, c.reference, memory_bound=c.op != "paged_prefill_attention")
+            for c in cases]
+
+
+def moe_cases(dtype: torch.dtype, tokens: int) -> list[Case]:
+    """Mixtral-shaped MoE (H 1024, I 3584, E 8, k 2 — Mixtral-8x7B's E/k with machine-sized H/I) and 64 experts."""
+    import bench_moe as bm
+
+    cases = []
+    es = torch.tensor([], dtype=dtype).element_size()
+    for name, s in bm.SHAPES.items():
+        H, I, E, k = s["H"], s["I"], s["E"], s["k"]
+        gate, w1, w2, w3 = bm.make_weights(H, I, E, dtype)
+        g = torch.Generator().manual_seed(1)
+        for T in (1, tokens):
+            x = torch.randn(T, H, generator=g).to(dtype)
+            logits = torch.randn(T, E, generator=g)
+            w, ids = ref.topk_softmax(logits, k)
+            perm, _, inv = ref.moe_permute(x, ids, E)
+            used = len(set(ids.flatten().tolist()))
+            tag = f"{name} T={T}"
+            cases += [
+                Case("topk_softmax", tag, logits.numel() * 4 + ids.numel() * 8,
+                     lambda l=logits, k=k: ops.topk_softmax(l, k), lambda l=logits, k=k: ref.topk_softmax(l, k)),
+                Case("moe_permute", tag, 2 * T * k * H * es, lambda x=x, ids=ids, E=E: ops.moe_permute(x, ids, E),
+                     lambda x=x, ids=ids, E=E: ref.moe_permute(x, ids, E)),
+                Case("moe_unpermute", tag, (T * k + T) * H * es, lambda p=perm, w=w, inv=inv: ops.moe_unpermute(p, w, inv),
+                     lambda p=perm, w=w, inv=inv: ref.moe_unpermute(p, w, inv)),
+                Case("fused_moe", tag, used * 3 * H * I * es,
+                     lambda x=x, ws=(gate, w1, w2, w3), k=k: ops.fused_moe(x, *ws, k),
+                     lambda x=x, ws=(gate, w1, w2, w3), k=k: ref.fused_moe(x, *ws, k),
+                     memory_bound=T == 1),
+            ]
+    return cases
+
+
 CASE_BUILDERS: dict[str, Callable[[torch.dtype, int], list[Case]]] = {
     "norm": norm_cases,
     "rope": rope_cases,
+    "attention": attention_cases,
+    "moe": moe_cases,
 }
 
 

@@ -1,0 +1,160 @@
+"""End-to-end generation benchmark: ours vs transformers on the same weights, in one process run.
+
+    python benchmarks/bench_generate.py [--model smollm2|mixtral|all] [--dtype fp32|bf16|both]
+                                        [--new-tokens 32] [--prompt-tokens 128]
+
+Models: SmolLM2-135M-Instruct (the default GGUF, real weights) and a random Mixtral-shaped model
+(8 experts, top-2, ~1B parameters, saved with transformers' save_pretrained into a temp dir).
+Measured: prompt tok/s (one prefill of --prompt-tokens), decode tok/s at batch 1 and batch 8
+(greedy, ignore EOS; decode time = total − time to first token), and % of the decode roofline:
+bytes read per decode step (weights once + the KV cache) / the measured copy bandwidth.
+Targets (issue 8, 2 cores): SmolLM2 bf16 decode ≥ 4× transformers and ≥ 90 % of the roofline; prompt
+≥ 1.5× transformers; Mixtral decode ≥ 5× transformers. The table marks each target met / missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth_gbs, markdown_table  # noqa: E402
+
+import mistral_kernels  # noqa: E402
+from mistral_kernels.default_model import default_model_path  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _prompt_ids(vocab: int, n: int, batch: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(100, min(vocab, 20000), (n,), generator=g).tolist() for _ in range(batch)]
+
+
+# ---- ours -----------------------------------------------------------------------------------------------
+def ours(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int) -> dict[str, float]:
+    from mistral_kernels.sampling import SamplingParams
+
+    # The random Mixtral has no tokenizer of its own: borrow SmolLM2's (same vocabulary size); prompts are ids.
+    tokenizer = None if path.suffix == ".gguf" else default_model_path()
+    llm = mistral_kernels.LLM(path, dtype=dtype, max_batch=8, tokenizer=tokenizer)
+    cfg = llm.model.config
+    res: dict[str, float] = {}
+    prompt = _prompt_ids(cfg.vocab_size, prompt_tokens, 1)[0]
+
+    def run(prompts: list[list[int]], n: int) -> list:
+        params = SamplingParams(max_new_tokens=n, ignore_eos=True)
+        rids = [llm.engine.add_request(p, params) for p in prompts]
+        return llm.engine.run(rids)
+
+    run([prompt[:16]], 2)  # warm-up
+    t0 = time.perf_counter()
+    run([prompt], 1)
+    res["prompt_tok_s"] = prompt_tokens / (time.perf_counter() - t0)
+    for batch in (1, 8):
+        prompts = [p[:16] for p in _prompt_ids(cfg.vocab_size, 16, batch)]
+        done = run(prompts, new_tokens)
+        start = max(c.timings.first_token for c in done)
+        end = max(c.timings.finished for c in done)
+        res[f"decode_tok_s_b{batch}"] = batch * (new_tokens - 1) / (end - start)
+    es = torch.tensor([], dtype=dtype).element_size()
+    res["weight_bytes"] = float(cfg.num_parameters(active_only=True) * es)
+    res["kv_bytes_per_token"] = float(2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * es)
+    return res
+
+
+# ---- transformers -------------------------------------------------------------------------------------
+def hf(model: torch.nn.Module, vocab: int, prompt_tokens: int, new_tokens: int) -> dict[str, float]:
+    res: dict[str, float] = {}
+    prompt = torch.tensor(_prompt_ids(vocab, prompt_tokens, 1))
+    with torch.inference_mode():
+        model(prompt[:, :16])  # warm-up
+        t0 = time.perf_counter()
+        model(prompt)
+        res["prompt_tok_s"] = prompt_tokens / (time.perf_counter() - t0)
+        for batch in (1, 8):
+            ids = torch.tensor([p[:16] for p in _prompt_ids(vocab, 16, batch)])
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            t_first = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            res[f"decode_tok_s_b{batch}"] = batch * (new_tokens - 1) / (time.perf_counter() - t0 - t_first)
+    return res
+
+
+def load_hf_smollm2(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    # Dequantised to fp32 at load (plain nn.Linear weights), then cast: the same weights as ours.
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.to(dtype).eval()
+
+
+def make_random_mixtral(tmp: Path) -> Path:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=49152, hidden_size=1024, intermediate_size=2816, num_hidden_layers=14,
+                        num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+                        num_experts_per_tok=2, max_position_embeddings=4096, sliding_window=None,
+                        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(cfg).to(torch.bfloat16)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    model.save_pretrained(tmp)
+    return tmp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["smollm2", "mixtral", "all"], default="all")
+    ap.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = ap.parse_args()
+    bw = copy_bandwidth_gbs()
+    print(f"copy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads")
+    dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        models: list[tuple[str, Path]] = []
+        if args.model in ("smollm2", "all"):
+            models.append(("SmolLM2-135M (GGUF)", default_model_path()))
+        if args.model in ("mixtral", "all"):
+            models.append(("random Mixtral 8×top-2 ~1B", make_random_mixtral(Path(tmp) / "mixtral")))
+        for name, path in models:
+            for dt in dtypes:
+                dtype = DTYPES[dt]
+                o = ours(path, dtype, args.prompt_tokens, args.new_tokens)
+                if path.suffix == ".gguf":
+                    ref_model = load_hf_smollm2(path, dtype)
+                else:
+                    from transformers import AutoModelForCausalLM
+
+                    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+                h = hf(ref_model, ref_model.config.vocab_size, args.prompt_tokens, args.new_tokens)
+                del ref_model
+                roof = bw * 1e9 / (o["weight_bytes"] + 16 * o["kv_bytes_per_token"])
+                for key, label in [("prompt_tok_s", "prompt tok/s"), ("decode_tok_s_b1", "decode tok/s b=1"),
+                                   ("decode_tok_s_b8", "decode tok/s b=8")]:
+                    pct = f"{100 * o[key] / roof:.0f}%" if key == "decode_tok_s_b1" else ""
+                    rows.append([name, dt, label, o[key], h[key], o[key] / h[key], pct])
+                    print(rows[-1], flush=True)
+    table = markdown_table(["model", "dtype", "metric", "ours", "transformers", "ratio", "% roofline"], rows)
+    print()
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_generate.md").write_text(
+        f"copy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads, {args.new_tokens} new tokens, "
+        f"{args.prompt_tokens}-token prompt\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
