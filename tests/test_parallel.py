@@ -216,3 +216,53 @@ def test_indivisible_rank_counts_are_clear_errors(root: Path, monkeypatch: pytes
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ValueError, match=r"--tp 2 must equal the number of processes \(WORLD_SIZE=1\).*torchrun"):
         ParallelContext.init_from_env(2)
+
+
+# ------------------------------------------------------------------ CLI under torchrun
+def _word_tokenizer(path: Path) -> Path:
+    """A word-level tokenizer.json over the tiny vocabulary: '<unk>' 0, '<s>' 1, '</s>' 2, 'w3' … 'w127'."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()  # joins words with spaces
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_cli_torchrun_two_ranks(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`torchrun --nproc-per-node 2 -m mistral_kernels generate --tp 2` prints once (rank 0) the same
+    greedy text as one process."""
+    import subprocess
+    import sys
+
+    import mistral_kernels
+    from mistral_kernels.cli import main
+
+    tok = _word_tokenizer(tmp_path / "tok")
+    flags = ["--model", str(root / "mixtral/hf"), "--tokenizer", str(tok), "--prompt", "w5 w9 w7 w30 w11",
+             "--max-new-tokens", str(NEW), "--ignore-eos"]
+    assert main(["generate", *flags]) == 0
+    want = capsys.readouterr().out
+    assert len(want.split()) == NEW
+    env = dict(os.environ, OMP_NUM_THREADS="1", MISTRAL_KERNELS_LIBRARY=str(mistral_kernels.library_path()),
+               PYTHONPATH=str(Path(mistral_kernels.__file__).resolve().parent.parent) + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(TP),
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+    run = subprocess.run([*torchrun, "-m", "mistral_kernels", "generate", "--tp", str(TP), *flags], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == want                                  # rank 1 printed nothing
+    assert run.stderr.count("[stats]") == 1 and "tp 2" in run.stderr
+
+
+def test_cli_tp_without_torchrun_is_a_clear_error(root: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from mistral_kernels.cli import main
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["generate", "--tp", "2", "--model", str(root / "mixtral/hf"), "--prompt", "w5"]) == 2
+    assert "--tp 2 must equal the number of processes (WORLD_SIZE=1)" in capsys.readouterr().err

@@ -5,15 +5,26 @@ Examples::
     mistral-kernels generate --chat --prompt "What is the capital of France?"
     mistral-kernels generate --model ./Mistral-7B-v0.1 --prompt "Hello" --prompt "Bonjour" --max-new-tokens 32
     mistral-kernels info --model ./model.gguf
+    torchrun --nproc-per-node 2 -m mistral_kernels generate --tp 2 --model ./Mixtral-8x7B --device cuda \
+        --dtype bf16 --prompt "Hello"          # tensor / expert parallel over 2 GPUs; only rank 0 prints
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from .parallel import ParallelContext
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
@@ -60,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "for --max-batch sequences)")
     g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
                    help="token budget per engine step = prefill chunk size (512)")
+    g.add_argument("--tp", type=_positive(int), default=1,
+                   help="tensor-parallel ranks; must equal the processes torchrun starts (1)")
+    g.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
+                   help="with --tp, MoE experts split whole over the ranks (expert, default) or each "
+                        "expert's intermediate dim split (tensor)")
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
     i.add_argument("--model", help="as for generate (default: the default model)")
@@ -96,15 +112,49 @@ def _generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
     import torch
 
+    dtype = getattr(torch, _DTYPES[args.dtype])
+    parallel, device = None, args.device
+    if args.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from .parallel import ParallelContext
+
+        try:
+            parallel, device = ParallelContext.init_from_env(args.tp, args.device, moe=args.moe_parallel)
+        except ValueError as e:
+            print(f"mistral-kernels: {e}", file=sys.stderr)
+            return 2
+    try:
+        with _rank_output(parallel):
+            return _generate_on(args, prompts, parallel, device, dtype)
+    finally:
+        if parallel is not None and parallel.world_size > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _rank_output(parallel: ParallelContext | None) -> Iterator[None]:
+    """Tensor parallel: ranks other than 0 print nothing on stdout (their errors still reach stderr,
+    prefixed by the rank)."""
+    if parallel is None or parallel.is_first:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: ParallelContext | None, device: str,
+                 dtype: torch.dtype) -> int:
     from .llm import LLM
 
-    dtype = getattr(torch, _DTYPES[args.dtype])
+    quiet = parallel is not None and not parallel.is_first
+    prefix = f"mistral-kernels[rank {parallel.rank}]" if parallel is not None else "mistral-kernels"
     try:
-        llm = LLM(args.model, device=args.device, dtype=dtype, max_batch=args.max_batch,
+        llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
-                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer)
+                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
-        print(f"mistral-kernels: cannot load the model: {e}", file=sys.stderr)
+        print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
               top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
@@ -124,12 +174,15 @@ def _generate(args: argparse.Namespace) -> int:
                 print(f"--- finish={c.finish_reason} stop={c.stop_reason!r} tokens={len(c.token_ids)} "
                       f"ttft={c.timings.time_to_first_token or 0:.3f}s total={c.timings.total or 0:.3f}s")
     except ValueError as e:
-        print(f"mistral-kernels: {e}", file=sys.stderr)
+        print(f"{prefix}: {e}", file=sys.stderr)
         return 2
+    if quiet:
+        return 0
     s = llm.engine.stats
+    tp = f" | tp {parallel.world_size} (per-rank peak mem)" if parallel is not None else ""
     print(f"[stats] load {llm.load_seconds:.2f} s | prompt {s.prompt_tokens} tok {s.prompt_tok_per_s:.1f} tok/s | "
           f"decode {s.decode_tokens} tok {s.decode_tok_per_s:.1f} tok/s | {s.decode_gb_per_s:.2f} GB/s | "
-          f"peak mem {_peak_memory(args.device)} | requests {len(done)} preemptions {s.preemptions}",
+          f"peak mem {_peak_memory(device)} | requests {len(done)} preemptions {s.preemptions}{tp}",
           file=sys.stderr)
     return 0
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .engine import Completion, Engine, default_num_blocks
 from .sampling import SamplingParams
 from .tokenizer import Message, Tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from .parallel import ParallelContext
 
 __all__ = ["LLM"]
 
@@ -36,12 +40,15 @@ class LLM:
     num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (engine.default_num_blocks).
     max_tokens_per_step : token budget of one engine step (prefill chunk size).
     tokenizer : path of a tokenizer to use instead of the one found with the model.
+    parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
+        every rank constructs the LLM and makes the same calls). None = one process.
     """
 
     def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, max_batch: int = 8, block_size: int = 16,
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
-                 tokenizer: str | Path | None = None, progress: bool = False) -> None:
+                 tokenizer: str | Path | None = None, progress: bool = False,
+                 parallel: ParallelContext | None = None) -> None:
         from .model import load_model
 
         if path is None:
@@ -50,7 +57,7 @@ class LLM:
             path = default_model_path()
         t0 = time.perf_counter()
         self.path = Path(path)
-        self.model = load_model(self.path, device=device, dtype=dtype, progress=progress)
+        self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
         self.load_seconds = time.perf_counter() - t0
         if num_blocks is None:
