@@ -22,7 +22,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.model import load_model
 from mistral_kernels.parallel import (ParallelContext, check_shardable, expert_range, head_range, kv_head_range,
-                                      shard_index)
+                                      parameters_per_rank, shard_index)
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.weights import load_checkpoint
 
@@ -165,6 +165,10 @@ def test_shard_rules_worked_examples() -> None:
     assert shard_index(mixtral, "layers.0.experts.w2", 1, 4) == (slice(2, 4),)
     assert shard_index(mixtral, "layers.0.experts.w1", 1, 4, "tensor") == (slice(None), slice(3584, 7168))
     assert shard_index(mixtral, "layers.0.gate", 1, 4) is None
+    for config in (mistral, mixtral, ModelConfig.tiny_mixtral().replace(tie_embeddings=True)):
+        assert parameters_per_rank(config, 1) == config.num_parameters()
+    # Mixtral-8x7B (README): experts 45.10B and attention 1.34B split, 0.26B replicated
+    assert [round(parameters_per_rank(mixtral, tp) / 1e9, 2) for tp in (2, 4, 8)] == [23.48, 11.87, 6.07]
 
 
 @pytest.mark.parametrize("ckpt", ["mistral_hkv1/hf", "mixtral/hf", "mixtral/consolidated"])
@@ -182,6 +186,8 @@ def test_sharded_load_reads_the_right_rows(root: Path, ckpt: str, moe: str) -> N
     torch.testing.assert_close(part["layers.1.wo"], full["layers.1.wo"][:, q], atol=0, rtol=0)
     for name in ("embed", "norm", "layers.1.attn_norm"):
         assert torch.equal(part[name], full[name])
+    held = sum(t.numel() for t in part.values())  # memory per rank: the split parts halve
+    assert held == parameters_per_rank(config, 2, moe) < sum(t.numel() for t in full.values())
     if config.is_moe:
         assert torch.equal(part["layers.1.gate"], full["layers.1.gate"])
         if moe == "expert":
@@ -266,3 +272,18 @@ def test_cli_tp_without_torchrun_is_a_clear_error(root: Path, monkeypatch: pytes
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["generate", "--tp", "2", "--model", str(root / "mixtral/hf"), "--prompt", "w5"]) == 2
     assert "--tp 2 must equal the number of processes (WORLD_SIZE=1)" in capsys.readouterr().err
+
+
+def test_cli_info_per_rank(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mistral_kernels.cli import main
+
+    config, part = load_checkpoint(root / "mixtral/hf", progress=False,
+                                   shard=ParallelContext(rank=0, world_size=2).shard)
+    assert main(["info", "--model", str(root / "mixtral/hf"), "--tp", "2"]) == 0
+    held = sum(t.numel() for t in part.values())
+    kv = 2 * config.n_layers * 1 * config.head_dim * 4  # one of the 2 kv heads per rank, fp32
+    out = capsys.readouterr().out
+    assert f"tensor parallel 2, expert-parallel experts: per rank {held:,} parameters" in out
+    assert f"KV cache {kv:,} bytes per token" in out.splitlines()[-1]
+    assert main(["info", "--model", str(root / "mixtral/hf"), "--tp", "3"]) == 2
+    assert "does not divide the 4 attention heads" in capsys.readouterr().err

@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--model", help="as for generate (default: the default model)")
     i.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="dtype for the byte counts")
     i.add_argument("--context", type=_positive(int), default=4096, help="context length for FLOPs/token (4096)")
+    i.add_argument("--tp", type=_positive(int), default=1, help="also show the weights and KV bytes per rank "
+                                                                "for N tensor-parallel ranks")
+    i.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
+                   help="MoE split for --tp (expert, default)")
     return parser
 
 
@@ -228,6 +232,18 @@ def _info(args: argparse.Namespace) -> int:
     window = f" (sliding window {c.sliding_window}: at most {c.sliding_window * kv / 2**20:.1f} MiB per sequence)" \
         if c.sliding_window else ""
     print(f"KV cache: {kv:,} bytes per token in {args.dtype}{window}")
+    if args.tp > 1:
+        from .parallel import local_config, parameters_per_rank
+
+        try:
+            per_rank = parameters_per_rank(c, args.tp, args.moe_parallel)
+        except ValueError as e:
+            print(f"mistral-kernels: {e}", file=sys.stderr)
+            return 2
+        kv_rank = 2 * c.n_layers * local_config(c, 0, args.tp, args.moe_parallel).n_kv_heads * c.head_dim * elem
+        moe = f", {args.moe_parallel}-parallel experts" if c.is_moe else ""
+        print(f"tensor parallel {args.tp}{moe}: per rank {per_rank:,} parameters ({per_rank / 1e9:.3f} B), "
+              f"{per_rank * elem / 2**30:.3f} GiB in {args.dtype}, KV cache {kv_rank:,} bytes per token")
     return 0
 
 

@@ -44,7 +44,7 @@ import torch
 from .config import ModelConfig
 
 __all__ = ["MOE_MODES", "ParallelContext", "check_shardable", "expert_range", "head_range", "kv_head_range",
-           "local_config", "shard_index"]
+           "local_config", "parameters_per_rank", "shard_index"]
 
 MOE_MODES = ("expert", "tensor")
 
@@ -110,6 +110,25 @@ def local_config(config: ModelConfig, rank: int, tp: int, moe: str = "expert") -
     split_i = not config.is_moe or moe == "tensor"
     return config.replace(n_heads=config.n_heads // tp, n_kv_heads=len(kv_head_range(config, rank, tp)),
                           hidden_dim=config.hidden_dim // tp if split_i else config.hidden_dim)
+
+
+def parameters_per_rank(config: ModelConfig, tp: int, moe: str = "expert") -> int:
+    """Parameters one rank holds (the same on every rank): split attention / FFN / experts plus the
+    replicated embedding, LM head, router and norms. tp = 1 gives :meth:`ModelConfig.num_parameters`.
+
+    Mixtral-8x7B, tp = 2: experts 45.10B / 2 + attention 1.34B / 2 + replicated 0.26B = 23.48B.
+    """
+    c, lc = config, local_config(config, 0, tp, moe)
+    h, d = c.dim, c.head_dim
+    replicated = (2 * c.n_layers + 1) * h + (1 if c.tie_embeddings else 2) * c.vocab_size * h
+    attention = h * (lc.n_heads + 2 * lc.n_kv_heads) * d + lc.n_heads * d * h
+    if c.is_moe:
+        replicated += c.n_layers * c.num_experts * h  # router
+        experts = c.num_experts // tp if moe == "expert" else c.num_experts
+        ffn = experts * 3 * h * lc.hidden_dim
+    else:
+        ffn = 3 * h * lc.hidden_dim
+    return replicated + c.n_layers * (attention + ffn)
 
 
 def _rows(r: range, width: int) -> slice:
