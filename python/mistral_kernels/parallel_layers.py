@@ -47,8 +47,6 @@ class ShardedDecoderLayer(DecoderLayer):
             if self.w1.shape[0] != self.num_local_experts:
                 raise ValueError(f"layer {index}: expected {self.num_local_experts} local experts in w1, got "
                                  f"{tuple(self.w1.shape)} (weights not loaded with this rank's shard?)")
-            self.w13 = torch.cat([self.w1, self.w3], dim=1)  # [El, 2I, H]: gate rows then up rows
-            del self.w1, self.w3
 
     def attention(self, x: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
@@ -83,6 +81,9 @@ class ShardedDecoderLayer(DecoderLayer):
             start, stop = bounds[e], bounds[e + 1]
             if start == stop:
                 continue
-            gate_up = ops.linear(permuted[start:stop], self.w13[e])              # [m, 2I]
+            rows = permuted[start:stop]                                           # [m, H]
+            # gate | up side by side for silu_and_mul (an activation copy; fusing w1|w3 at load would
+            # double the experts' peak memory while the loader's dict still holds them)
+            gate_up = torch.cat([ops.linear(rows, self.w1[e]), ops.linear(rows, self.w3[e])], dim=-1)  # [m, 2I]
             ops.linear(kern.silu_and_mul(gate_up), self.w2[e], out=expert_out[start:stop])  # [m, H]
         return kern.moe_unpermute(expert_out, weights, inv_perm)                  # [T, H]
