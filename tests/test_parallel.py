@@ -108,6 +108,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         hf.save_pretrained(base / name / "hf")
         if name == "mixtral":
             save_consolidated(base / name / "hf", base / name / "consolidated")  # per-expert tensors
+    gguf = pytest.importorskip("gguf")
+    from .test_gguf import _write_dense
+
+    (base / "gguf").mkdir()
+    _write_dense(base / "gguf" / "model.gguf", gguf.GGMLQuantizationType.Q8_0, tied=False)  # Hq 4, Hkv 2
     return base
 
 
@@ -171,7 +176,7 @@ def test_shard_rules_worked_examples() -> None:
     assert [round(parameters_per_rank(mixtral, tp) / 1e9, 2) for tp in (2, 4, 8)] == [23.48, 11.87, 6.07]
 
 
-@pytest.mark.parametrize("ckpt", ["mistral_hkv1/hf", "mixtral/hf", "mixtral/consolidated"])
+@pytest.mark.parametrize("ckpt", ["mistral_hkv1/hf", "mixtral/hf", "mixtral/consolidated", "gguf/model.gguf"])
 @pytest.mark.parametrize("moe", ["expert", "tensor"])
 def test_sharded_load_reads_the_right_rows(root: Path, ckpt: str, moe: str) -> None:
     """Rank 1's fused shards equal the corresponding slices of the full fused weights."""
