@@ -292,3 +292,12 @@ def test_cli_info_per_rank(root: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert f"KV cache {kv:,} bytes per token" in out.splitlines()[-1]
     assert main(["info", "--model", str(root / "mixtral/hf"), "--tp", "3"]) == 2
     assert "does not divide the 4 attention heads" in capsys.readouterr().err
+
+
+def test_full_weights_with_a_parallel_context_are_rejected(root: Path) -> None:
+    from mistral_kernels.model import Model
+
+    for ckpt in ("mistral_hkv2/hf", "mixtral/hf"):
+        config, full = load_checkpoint(root / ckpt, progress=False)
+        with pytest.raises(ValueError, match=r"layer 0, rank 1 of 2: weights are not this rank's shards: qkv"):
+            Model(config, full, parallel=ParallelContext(rank=1, world_size=2))

@@ -44,9 +44,25 @@ class ShardedDecoderLayer(DecoderLayer):
             experts = expert_range(config, ctx.rank, ctx.world_size)
             self.first_expert = experts.start
             self.num_local_experts = len(experts)
-            if self.w1.shape[0] != self.num_local_experts:
-                raise ValueError(f"layer {index}: expected {self.num_local_experts} local experts in w1, got "
-                                 f"{tuple(self.w1.shape)} (weights not loaded with this rank's shard?)")
+        self._check_shapes(index)
+
+    def _check_shapes(self, index: int) -> None:
+        """The weights must be this rank's shards (``load_checkpoint(..., shard=ctx.shard)``), not the
+        full tensors."""
+        c, h, d = self.config, self.config.dim, self.config.head_dim  # local config
+        i = c.hidden_dim
+        want = {"qkv": (self.qkv, ((c.n_heads + 2 * c.n_kv_heads) * d, h)), "wo": (self.wo, (h, c.n_heads * d))}
+        if c.is_moe:
+            e = self.num_local_experts if self.expert_parallel else c.num_experts
+            want |= {"w1": (self.w1, (e, i, h)), "w3": (self.w3, (e, i, h)), "w2": (self.w2, (e, h, i))}
+        else:
+            want |= {"w13": (self.w13, (2 * i, h)), "w2": (self.w2, (h, i))}
+        bad = [f"{name} {tuple(t.shape)} (expected {shape})" for name, (t, shape) in want.items()
+               if tuple(t.shape) != shape]
+        if bad:
+            raise ValueError(f"layer {index}, rank {self.ctx.rank} of {self.ctx.world_size}: weights are not this "
+                             f"rank's shards: {', '.join(bad)}; load them with load_checkpoint(..., "
+                             "shard=ctx.shard) or load_model(..., parallel=ctx)")
 
     def attention(self, x: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
