@@ -111,6 +111,21 @@ def make_random_mixtral(tmp: Path) -> Path:
     return tmp
 
 
+def _target(model: str, dtype: str, key: str, ratio: float, roofline_pct: float) -> str:
+    """Issue 8's targets for this row: 'met', 'MISSED: …' or '' (no target)."""
+    goals: list[tuple[bool, str]] = []
+    if key == "prompt_tok_s":
+        goals.append((ratio >= 1.5, f"x{ratio:.2f} < 1.5"))
+    elif key == "decode_tok_s_b1" and model.startswith("SmolLM2") and dtype == "bf16":
+        goals += [(ratio >= 4, f"x{ratio:.2f} < 4"), (roofline_pct >= 90, f"{roofline_pct:.0f}% < 90% roofline")]
+    elif key == "decode_tok_s_b1" and "Mixtral" in model:
+        goals.append((ratio >= 5, f"x{ratio:.2f} < 5"))
+    if not goals:
+        return ""
+    missed = [why for ok, why in goals if not ok]
+    return "MISSED: " + ", ".join(missed) if missed else "met"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["smollm2", "mixtral", "all"], default="all")
@@ -145,9 +160,10 @@ def main() -> None:
                 for key, label in [("prompt_tok_s", "prompt tok/s"), ("decode_tok_s_b1", "decode tok/s b=1"),
                                    ("decode_tok_s_b8", "decode tok/s b=8")]:
                     pct = f"{100 * o[key] / roof:.0f}%" if key == "decode_tok_s_b1" else ""
-                    rows.append([name, dt, label, o[key], h[key], o[key] / h[key], pct])
+                    rows.append([name, dt, label, o[key], h[key], o[key] / h[key], pct,
+                                 _target(name, dt, key, o[key] / h[key], 100 * o[key] / roof)])
                     print(rows[-1], flush=True)
-    table = markdown_table(["model", "dtype", "metric", "ours", "transformers", "ratio", "% roofline"], rows)
+    table = markdown_table(["model", "dtype", "metric", "ours", "transformers", "ratio", "% roofline", "target"], rows)
     print()
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)

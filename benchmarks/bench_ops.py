@@ -152,11 +152,17 @@ def main() -> None:
             t_ours = median_time(c.ours)
             t_ref = median_time(c.reference)
             gbs = c.nbytes / t_ours / 1e9
-            rows.append([c.op, c.shape, t_ours * 1e6, t_ref * 1e6, t_ref / t_ours, gbs,
-                         100 * gbs / bw if c.memory_bound else float("nan")])
+            pct = 100 * gbs / bw if c.memory_bound else float("nan")
+            # Targets (issue 8): ≥ 3× the eager reference; ≥ 70 % of copy bandwidth where memory-bound
+            # (judged only for ≥ 4 MB moved: smaller cases are latency-bound, not bandwidth-bound).
+            missed = [f"x{t_ref / t_ours:.1f} < 3"] if t_ref / t_ours < 3 else []
+            if c.memory_bound and c.nbytes >= 4 << 20 and pct < 70:
+                missed.append(f"{pct:.0f}% < 70% bw")
+            rows.append([c.op, c.shape, t_ours * 1e6, t_ref * 1e6, t_ref / t_ours, gbs, pct,
+                         "MISSED: " + ", ".join(missed) if missed else "met"])
             print(f"{c.op:24s} {c.shape:24s} ours {t_ours*1e6:9.1f} us  ref {t_ref*1e6:9.1f} us  "
                   f"x{t_ref/t_ours:5.2f}  {gbs:6.1f} GB/s", flush=True)
-    table = markdown_table(["op", "shape", "ours (us)", "reference (us)", "speed-up", "GB/s", "% of copy bw"], rows)
+    table = markdown_table(["op", "shape", "ours (us)", "reference (us)", "speed-up", "GB/s", "% of copy bw", "target"], rows)
     print()
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
