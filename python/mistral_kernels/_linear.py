@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 SKINNY_MAX_M = 16  # must match kMaxM in csrc/cpu/linear.cpp
+_SKINNY_DTYPES = (torch.float32, torch.bfloat16)
+_skinny_linear = torch.ops.mistral_kernels.skinny_linear.default
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -25,19 +27,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     -------
     [..., N]
     """
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    # Decode hot path (called ~4× per layer per step): as few Python-level checks as possible.
     if (
-        x.device.type == "cpu"
-        and rows <= SKINNY_MAX_M
-        and x.dtype in (torch.float32, torch.bfloat16)
+        x.is_cpu
+        and x.dtype in _SKINNY_DTYPES
+        and x.numel() <= SKINNY_MAX_M * x.shape[-1]
         and x.is_contiguous()
         and weight.is_contiguous()
         and not torch.compiler.is_compiling()
     ):
-        x2 = x.reshape(rows, x.shape[-1])
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         if out is None:
-            out = x.new_empty(*x.shape[:-1], weight.shape[0])
-        torch.ops.mistral_kernels.skinny_linear(out.view(rows, weight.shape[0]), x2, weight)
+            out = x.new_empty(x.shape[:-1] + weight.shape[:1])
+        x2 = x if x.dim() == 2 else x.view(rows, x.shape[-1])
+        o2 = out if out.dim() == 2 else out.view(rows, weight.shape[0])
+        _skinny_linear(o2, x2, weight)
         return out
     if out is None:
         return torch.nn.functional.linear(x, weight)
