@@ -57,8 +57,10 @@ class KVCache:
             raise ValueError(f"KVCache.allocate: need num_blocks >= 1 and block_size >= 1, got {num_blocks}, "
                              f"{block_size}")
         shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
-        return cls(k=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)],
-                   v=[torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)])
+        # Uninitialised on purpose: the attention kernels read only slots that were written (tests fill
+        # unused slots with NaN), and untouched pages of a large pool then cost no resident memory.
+        return cls(k=[torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)],
+                   v=[torch.empty(shape, device=device, dtype=dtype) for _ in range(config.n_layers)])
 
     @property
     def num_blocks(self) -> int:
@@ -155,7 +157,7 @@ class Model:
                                               self.device)                    # fp32 [max_position, R]
 
     def new_cache(self, num_blocks: int, block_size: int) -> KVCache:
-        """A zeroed paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens, in the model's dtype."""
+        """An (uninitialised) paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens, in the model's dtype."""
         config = self.config if self.parallel is None else self.parallel.local_config(self.config)  # local kv heads
         return KVCache.allocate(config, num_blocks, block_size, device=self.device, dtype=self.dtype)
 
