@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_avx512.h"
 #include "common.h"
 #include "vec_math.h"
 
@@ -117,6 +118,10 @@ struct Rows {
   float* l;
   const int64_t* lo;
   const int64_t* hi;
+  // Optional (bf16 caches): the same q rows unscaled in bf16 [R][D], q = qb · qscale. The AVX-512 BF16
+  // scan uses them (exact bf16 products); the portable scan uses q.
+  const c10::BFloat16* qb = nullptr;
+  float qscale = 1.f;
   void reset() const {
     std::fill(acc, acc + R * D, 0.f);
     std::fill(m, m + R, kNegInf);
@@ -154,10 +159,94 @@ inline void prefetch_rows(const T* base, int64_t stride, int64_t n, int64_t D) {
 // Stream keys [kbeg, kend) of one sequence (block table row `bt`) and one kv head through `rows`.
 // k_head / v_head point at head kvh of physical block 0: element (blk, off) is at
 // k_head + (blk*S + off) * Hkv*D.
+#if MK_CPU_ATTN_AVX512BF16
+// scan_keys for bf16 caches with AVX-512 BF16 (attention_avx512.h); QV = D/32, D % 64 == 0.
+// Chunks of ≤ 16 keys inside one physical block: scores of every row, one softmax update per row and
+// chunk, then P·V in tiles of ≤ 4 rows.
+template <int QV>
+void scan_keys_bf16(const Rows& rows, const c10::BFloat16* k_head, const c10::BFloat16* v_head, const int32_t* bt,
+                    int64_t S, int64_t key_stride, int64_t kbeg, int64_t kend, Scratch& sc) {
+  namespace v = avx512;
+  constexpr int64_t C = v::kVecChunk;
+  const int64_t R = rows.R, D = rows.D;
+  float* P = sc.scores.data();  // [R][kChunk], kChunk ≥ C
+  uint32_t row_live[4];
+  int64_t j = kbeg;
+  while (j < kend) {
+    const int64_t off = j % S;
+    const int64_t n = std::min({C, S - off, kend - j});
+    const int64_t slot0 = static_cast<int64_t>(bt[j / S]) * S + off;
+    if (j + n < kend) {
+      const int64_t jn = j + n, offn = jn % S, nn = std::min({C, S - offn, kend - jn});
+      const int64_t slotn = static_cast<int64_t>(bt[jn / S]) * S + offn;
+      prefetch_rows(k_head + slotn * key_stride, key_stride, nn, D);
+      prefetch_rows(v_head + slotn * key_stride, key_stride, nn, D);
+    }
+    const c10::BFloat16* k0 = k_head + slot0 * key_stride;
+    const c10::BFloat16* v0 = v_head + slot0 * key_stride;
+    for (int64_t r0 = 0; r0 < R; r0 += 4) {
+      const int nr = static_cast<int>(std::min<int64_t>(4, R - r0));
+      uint32_t live = 0;
+      for (int t = 0; t < nr; ++t) {
+        const int64_t r = r0 + t;
+        float* p = P + r * kChunk;
+        const int64_t c0 = std::clamp<int64_t>(rows.lo[r] - j, 0, n), c1 = std::clamp<int64_t>(rows.hi[r] - j, 0, n);
+        row_live[t] = 0;
+        if (c0 >= c1) {
+          _mm512_storeu_ps(p, _mm512_setzero_ps());
+          continue;
+        }
+        __m512bh q[QV];
+        for (int i = 0; i < QV; ++i) q[i] = (__m512bh)_mm512_loadu_si512(rows.qb + r * D + 32 * i);
+        const __m512 s = v::row_scores<QV>(q, k0, key_stride, c0, c1, rows.qscale);
+        const float cmax = _mm512_reduce_max_ps(s);
+        if (cmax == kNegInf) {
+          _mm512_storeu_ps(p, _mm512_setzero_ps());
+          continue;
+        }
+        const float m_new = std::max(rows.m[r], cmax);
+        const float alpha = std::exp(rows.m[r] - m_new);  // 0 when m was -inf
+        const __m512 e = v::exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
+        _mm512_storeu_ps(p, e);
+        float* acc = rows.acc + r * D;
+        if (alpha != 1.f)
+          for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+        rows.l[r] = rows.l[r] * alpha + _mm512_reduce_add_ps(e);
+        rows.m[r] = m_new;
+        row_live[t] = ((1u << c1) - 1u) & ~((1u << c0) - 1u);
+        live |= row_live[t];
+      }
+      if (live == 0) continue;
+      float* acc = rows.acc + r0 * D;
+      const float* p = P + r0 * kChunk;
+      switch (nr) {
+        case 4: v::tile_pv<4>(acc, D, p, kChunk, v0, key_stride, live); break;
+        case 3: v::tile_pv<3>(acc, D, p, kChunk, v0, key_stride, live); break;
+        case 2: v::tile_pv<2>(acc, D, p, kChunk, v0, key_stride, live); break;
+        default: v::tile_pv<1>(acc, D, p, kChunk, v0, key_stride, live); break;
+      }
+    }
+    j += n;
+  }
+}
+#endif
+
 template <typename T>
 void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t* bt, int64_t S,
                int64_t key_stride, int64_t kbeg, int64_t kend, Scratch& sc) {
   const int64_t R = rows.R, D = rows.D;
+#if MK_CPU_ATTN_AVX512BF16
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (rows.qb != nullptr) {
+      switch (D) {
+        case 64: return scan_keys_bf16<2>(rows, k_head, v_head, bt, S, key_stride, kbeg, kend, sc);
+        case 128: return scan_keys_bf16<4>(rows, k_head, v_head, bt, S, key_stride, kbeg, kend, sc);
+        case 256: return scan_keys_bf16<8>(rows, k_head, v_head, bt, S, key_stride, kbeg, kend, sc);
+        default: break;
+      }
+    }
+  }
+#endif
   const float* kp[kChunk];
   const float* vp[kChunk];
   float* scores = sc.scores.data();

@@ -41,10 +41,21 @@ struct Geometry {
 };
 
 // Loads the G heads of kv head `kvh` of query token row `q_tok` (scaled, fp32) into rows [r0, r0+G).
+// bf16 also keeps the unscaled rows in `raw` (for the AVX-512 BF16 scan, attention_core.h).
 template <typename T>
-inline void load_q_group(const T* q_tok, int64_t kvh, int64_t G, int64_t D, float scale, float* dst) {
+inline void load_q_group(const T* q_tok, int64_t kvh, int64_t G, int64_t D, float scale, float* dst, T* raw) {
   const T* src = q_tok + kvh * G * D;
   for (int64_t i = 0; i < G * D; ++i) dst[i] = to_f(src[i]) * scale;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) std::copy(src, src + G * D, raw);
+}
+
+// Points rows.qb at the raw bf16 rows (fp32 caches: none).
+template <typename T>
+inline void attach_raw_q(attn::Rows& rows, const std::vector<T>& raw, float scale) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    rows.qb = raw.data();
+    rows.qscale = scale;
+  }
 }
 
 template <typename T>
@@ -77,17 +88,19 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
     attn::Scratch sc;
     sc.reserve(g.G, g.D);
     std::vector<float> qbuf(g.G * g.D), acc(g.G * g.D), m(g.G), l(g.G);
+    std::vector<T> qraw(g.G * g.D);
     std::vector<int64_t> lo(g.G), hi(g.G);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t p = it % P, kvh = (it / P) % g.Hkv, b = it / (P * g.Hkv);
       const int64_t L = sl[b], first = check::first_visible_key(L - 1, window);
       const int64_t kbeg = first + p * part, kend = std::min(L, kbeg + part);
       attn::Rows rows{g.G, g.D, qbuf.data(), acc.data(), m.data(), l.data(), lo.data(), hi.data()};
+      attach_raw_q(rows, qraw, scale);
       rows.reset();
       if (kbeg < kend) {
         std::fill(lo.begin(), lo.end(), first);
         std::fill(hi.begin(), hi.end(), L);
-        load_q_group(qp + b * q_stride, kvh, g.G, g.D, scale, qbuf.data());
+        load_q_group(qp + b * q_stride, kvh, g.G, g.D, scale, qbuf.data(), qraw.data());
         attn::scan_keys(rows, kc + kvh * g.D, vc + kvh * g.D, bt + b * g.M, g.S, g.key_stride, kbeg, kend, sc);
       }
       if (P == 1) {
@@ -152,6 +165,7 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
     attn::Scratch sc;
     sc.reserve(R, g.D);
     std::vector<float> qbuf(R * g.D), acc(R * g.D), m(R), l(R);
+    std::vector<T> qraw(R * g.D);
     std::vector<int64_t> lo(R), hi(R);
     for (int64_t it = i0; it < i1; ++it) {
       const auto [b, t0] = tiles[it / g.Hkv];
@@ -160,11 +174,13 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
       const int64_t nq = std::min(QT, qlen - t0), nrows = nq * g.G;
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t pos = L - qlen + t0 + i;
-        load_q_group(qp + (cu[b] + t0 + i) * q_stride, kvh, g.G, g.D, scale, qbuf.data() + i * g.G * g.D);
+        load_q_group(qp + (cu[b] + t0 + i) * q_stride, kvh, g.G, g.D, scale, qbuf.data() + i * g.G * g.D,
+                     qraw.data() + i * g.G * g.D);
         std::fill(lo.begin() + i * g.G, lo.begin() + (i + 1) * g.G, check::first_visible_key(pos, window));
         std::fill(hi.begin() + i * g.G, hi.begin() + (i + 1) * g.G, pos + 1);
       }
       attn::Rows rows{nrows, g.D, qbuf.data(), acc.data(), m.data(), l.data(), lo.data(), hi.data()};
+      attach_raw_q(rows, qraw, scale);
       rows.reset();
       attn::scan_keys(rows, kc + kvh * g.D, vc + kvh * g.D, bt + b * g.M, g.S, g.key_stride, lo[0],
                       hi[nrows - 1], sc);

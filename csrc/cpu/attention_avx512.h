@@ -1,0 +1,119 @@
+// cpu/attention_avx512.h — AVX-512 BF16 chunk kernels of the bf16 CPU paged attention (attention_core.h).
+//
+// Shapes: R query rows, D head_dim (multiple of 64, ≤ 256), n ≤ 16 keys per chunk (kVecChunk), NR ≤ 4
+// rows per P·V register tile.
+//
+// Scores: q (bf16, unscaled) · k (bf16) with vdpbf16ps — bf16×bf16 products are exact in fp32, the
+// accumulation is fp32 — then × scale. Key c of a row accumulates into its own 16-lane vector (the K
+// rows of the chunk stay in L1, q stays in registers); the 16 vectors are reduced to one vector of 16
+// scores by a fixed shuffle tree (deterministic). Softmax of the chunk is vectorised (one max, one exp
+// pass, one rescale per row and chunk). P·V: the V row is converted to fp32 once per tile of NR rows
+// and 64 columns and FMA'd into NR×4 accumulators held in registers.
+// Keys outside a row's visible range get score -inf by a blend (never arithmetic), p = 0; a key that no
+// row of the tile sees is never loaded, so NaN in unused cache slots cannot reach the output.
+#pragma once
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define MK_CPU_ATTN_AVX512BF16 1
+#include <immintrin.h>
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <limits>
+
+namespace mk::cpu::attn::avx512 {
+
+inline constexpr int64_t kVecChunk = 16;
+
+// exp of 16 floats: the same range reduction and polynomial as exp_f (vec_math.h).
+inline __m512 exp16(__m512 x) {
+  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  const __m512 magic = _mm512_set1_ps(12582912.f);
+  __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  n = _mm512_min_ps(n, _mm512_set1_ps(127.f));
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7f), _CMP_GT_OQ),
+                         _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+// Lane i of the result = horizontal sum of v[i], i < 16 (fixed shuffle tree).
+inline __m512 hsum16(const __m512* v) {
+  __m512 u[4];
+  for (int g = 0; g < 4; ++g) {
+    const __m512 a = v[4 * g], b = v[4 * g + 1], c = v[4 * g + 2], d = v[4 * g + 3];
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // [a02 b02 a13 b13]
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    u[g] = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // per 128-bit lane [a b c d]
+  }
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+inline __m512 load_bf16x16(const c10::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Scores of one row for keys [c0, c1) of a chunk of n ≤ 16 keys (key c at k0 + c*stride); lanes outside
+// [c0, c1) are -inf. q: D/32 registers of bf16 pairs.
+template <int QV>
+inline __m512 row_scores(const __m512bh* q, const c10::BFloat16* k0, int64_t stride, int64_t c0, int64_t c1,
+                         float scale) {
+  __m512 v[16];
+  for (int c = 0; c < 16; ++c) {
+    __m512 acc = _mm512_setzero_ps();
+    if (c >= c0 && c < c1) {
+      const c10::BFloat16* k = k0 + c * stride;
+      for (int i = 0; i < QV; ++i)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + 32 * i), q[i]);
+    }
+    v[c] = acc;
+  }
+  const __mmask16 vis = static_cast<__mmask16>(((1u << c1) - 1u) & ~((1u << c0) - 1u));
+  return _mm512_mask_mul_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), vis, hsum16(v),
+                            _mm512_set1_ps(scale));
+}
+
+// acc rows [NR][D] += Σ_c p[r][c] · v[c] over keys with live[c]; p rows have stride kp.
+template <int NR>
+inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const c10::BFloat16* v0, int64_t stride,
+                    uint32_t live) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m512 a[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + r * D + d0 + 16 * u);
+    for (uint32_t m = live; m != 0; m &= m - 1) {
+      const int c = __builtin_ctz(m);
+      const c10::BFloat16* v = v0 + c * stride + d0;
+      __m512 x[4];
+      for (int u = 0; u < 4; ++u) x[u] = load_bf16x16(v + 16 * u);
+      for (int r = 0; r < NR; ++r) {
+        const __m512 pr = _mm512_set1_ps(p[r * kp + c]);
+        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(pr, x[u], a[r][u]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + r * D + d0 + 16 * u, a[r][u]);
+  }
+}
+
+}  // namespace mk::cpu::attn::avx512
+
+#endif
