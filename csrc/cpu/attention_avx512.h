@@ -19,34 +19,17 @@
 
 #include <c10/util/BFloat16.h>
 
+#include "vec_math_avx512.h"
+
 #include <cstdint>
 #include <limits>
 
 namespace mk::cpu::attn::avx512 {
 
-inline constexpr int64_t kVecChunk = 16;
+using mk::cpu::avx512::exp16;
+using mk::cpu::avx512::load_bf16x16;
 
-// exp of 16 floats: the same range reduction and polynomial as exp_f (vec_math.h).
-inline __m512 exp16(__m512 x) {
-  const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-  const __m512 magic = _mm512_set1_ps(12582912.f);
-  __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  n = _mm512_min_ps(n, _mm512_set1_ps(127.f));
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc));
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), _mm512_setzero_ps());
-  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7f), _CMP_GT_OQ),
-                         _mm512_set1_ps(std::numeric_limits<float>::infinity()));
-  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
+inline constexpr int64_t kVecChunk = 16;
 
 // Lane i of the result = horizontal sum of v[i], i < 16 (fixed shuffle tree).
 inline __m512 hsum16(const __m512* v) {
@@ -64,11 +47,6 @@ inline __m512 hsum16(const __m512* v) {
                                    _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-inline __m512 load_bf16x16(const c10::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 // Scores of one row for keys [c0, c1) of a chunk of n ≤ 16 keys (key c at k0 + c*stride); lanes outside

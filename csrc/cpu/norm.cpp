@@ -9,6 +9,7 @@
 #include "../checks/norm.h"
 #include "common.h"
 #include "vec_math.h"
+#include "vec_math_avx512.h"
 
 namespace mk::cpu {
 namespace {
@@ -70,7 +71,12 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
         const scalar_t* a = xp + r * 2 * I;
         const scalar_t* b = a + I;
         scalar_t* o = op_ + r * I;
-        for (int64_t i = 0; i < I; ++i) {
+        int64_t i = 0;
+#if MK_CPU_AVX512
+        for (; i + 16 <= I; i += 16)
+          avx512::store16(o + i, _mm512_mul_ps(avx512::silu16(avx512::load16(a + i)), avx512::load16(b + i)));
+#endif
+        for (; i < I; ++i) {
           const float g = to_f(a[i]);
           o[i] = from_f<scalar_t>(silu_f(g) * to_f(b[i]));
         }
