@@ -26,6 +26,7 @@ constexpr const char* kSchemas[] = {
     "moe_unpermute(Tensor! out, Tensor expert_out, Tensor topk_weights, Tensor inv_perm) -> ()",
     "fused_moe(Tensor! out, Tensor x, Tensor gate_weight, Tensor w1, Tensor w2, Tensor w3, int top_k, "
     "bool renormalize) -> ()",
+    "moe_expert_ffn(Tensor! out, Tensor permuted_x, Tensor expert_offsets, Tensor w1, Tensor w2, Tensor w3) -> ()",
 };
 
 // CPU-only helpers (no CUDA kernel by design: on GPUs the model uses cuBLAS through torch).

@@ -63,7 +63,14 @@ def _attention_cases() -> list[tuple[str, Callable[[], tuple]]]:
     ]
 
 
-CASES = _norm_cases() + _moe_cases() + _attention_cases()
+def _expert_ffn_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 16, generator=g)
+    w1, w3, w2 = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g), torch.randn(2, 16, 8, generator=g)
+    return [("moe_expert_ffn", lambda: (torch.empty_like(x), x, torch.tensor([0, 2, 4, 6]), w1, w2, w3))]
+
+
+CASES = _norm_cases() + _moe_cases() + _attention_cases() + _expert_ffn_cases()
 
 
 @pytest.mark.parametrize("ns", NAMESPACES)

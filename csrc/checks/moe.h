@@ -128,4 +128,44 @@ inline void fused_moe_args(const char* op, const at::Tensor& out, const at::Tens
               " rows exceed the int32 range of the permutation");
 }
 
+// permuted_x [M, H] rows grouped by expert; expert_offsets int64 [>= G+1] (segment e = rows
+// [offsets[e], offsets[e+1])); w1, w3 [G, I, H]; w2 [G, H, I]; out [M, H].
+inline void expert_ffn_args(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& offsets,
+                            const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                            std::initializer_list<at::ScalarType> dtypes) {
+  dtype_in(op, "permuted_x", x, dtypes);
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"out", &out}, {"w1", &w1}, {"w2", &w2},
+                         {"w3", &w3}}) {
+    same_dtype(op, name, *t, "permuted_x", x);
+    same_device(op, name, *t, "permuted_x", x);
+    contiguous(op, name, *t);
+  }
+  same_device(op, "expert_offsets", offsets, "permuted_x", x);
+  dtype_is(op, "expert_offsets", offsets, at::kLong);
+  contiguous(op, "expert_offsets", offsets);
+  contiguous(op, "permuted_x", x);
+  ndim(op, "permuted_x", x, 2, "[M, H]");
+  ndim(op, "expert_offsets", offsets, 1, "[G + 1] (or longer)");
+  ndim(op, "w1", w1, 3, "[G, I, H]");
+  ndim(op, "w3", w3, 3, "[G, I, H]");
+  ndim(op, "w2", w2, 3, "[G, H, I]");
+  const int64_t H = x.size(1), G = w1.size(0), I = w1.size(1);
+  size_eq(op, "w1", w1, 2, H, "H = permuted_x.shape[1]");
+  TORCH_CHECK(w3.sizes() == w1.sizes(), op, ": w3 must have the shape of w1 ", shape_str(w1), ", got ",
+              shape_str(w3));
+  TORCH_CHECK(w2.size(0) == G && w2.size(1) == H && w2.size(2) == I, op, ": w2 must be [G, H, I] = [", G, ", ", H,
+              ", ", I, "], got ", shape_str(w2));
+  TORCH_CHECK(offsets.size(0) >= G + 1, op, ": expert_offsets needs at least G + 1 = ", G + 1,
+              " entries (G = w1.shape[0] experts), got ", offsets.size(0));
+  TORCH_CHECK(out.sizes() == x.sizes(), op, ": out must have the shape of permuted_x ", shape_str(x), ", got ",
+              shape_str(out));
+  TORCH_CHECK(x.size(0) <= INT32_MAX, op, ": permuted_x has more than INT32_MAX rows");
+  if (offsets.device().is_cpu()) {  // segment bounds: 0 <= offsets[0] <= ... <= offsets[G] <= M
+    const int64_t* o = offsets.const_data_ptr<int64_t>();
+    for (int64_t e = 0; e <= G; ++e)
+      TORCH_CHECK(o[e] >= (e ? o[e - 1] : 0) && o[e] <= x.size(0), op, ": expert_offsets[", e, "]=", o[e],
+                  " breaks 0 <= offsets[0] <= ... <= offsets[G] <= M = ", x.size(0));
+  }
+}
+
 }  // namespace mk::check

@@ -163,12 +163,47 @@ void silu_mul_rows(T* act, const T* gate, const T* up, int64_t r0, int64_t r1, i
   });
 }
 
+// y[rows of segment e] = w2[e]·(silu(w1[e]·a) * w3[e]·a) for the G experts, a = permuted rows of the
+// segment (segment e = rows [offsets[e], offsets[e+1])). Empty segments cost nothing; other rows of y
+// are not written.
+template <typename T>
+void expert_segments(at::Tensor& y, const at::Tensor& permuted, const int64_t* offsets, int64_t G,
+                     const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
+  const int64_t M = permuted.size(0), I = w1.size(1);
+  at::Tensor gate = at::empty({M, I}, permuted.options()), up = at::empty({M, I}, permuted.options());
+  at::Tensor act = at::empty({M, I}, permuted.options());
+  for (int64_t e = 0; e < G; ++e) {
+    const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+    if (n == 0) continue;  // untouched expert: no work at all
+    const at::Tensor a = permuted.narrow(0, r0, n);
+    at::Tensor g = gate.narrow(0, r0, n), u = up.narrow(0, r0, n);
+    linear_into(g, a, w1.select(0, e));
+    linear_into(u, a, w3.select(0, e));
+    silu_mul_rows(act.data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(), r0, r0 + n, I);
+    at::Tensor ye = y.narrow(0, r0, n);
+    linear_into(ye, act.narrow(0, r0, n), w2.select(0, e));
+  }
+}
+
+// out [M, H]: the SwiGLU experts over the segments of permuted_x; rows outside every segment are 0.
+void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const at::Tensor& expert_offsets,
+                    const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
+  constexpr const char* op = "moe_expert_ffn";
+  require_cpu(op, "permuted_x", permuted_x);
+  check::expert_ffn_args(op, out, permuted_x, expert_offsets, w1, w2, w3, kFloatTypes);
+  out.zero_();
+  if (permuted_x.size(0) == 0) return;
+  MK_CPU_DISPATCH(permuted_x.scalar_type(), op, [&] {
+    expert_segments<scalar_t>(out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), w1.size(0), w1, w2, w3);
+  });
+}
+
 void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& w1,
                const at::Tensor& w2, const at::Tensor& w3, int64_t top_k, bool renormalize) {
   constexpr const char* op = "fused_moe";
   require_cpu(op, "x", x);
   check::fused_moe_args(op, out, x, gate_weight, w1, w2, w3, top_k, kFloatTypes);
-  const int64_t T_ = x.size(0), H = x.size(1), E = gate_weight.size(0), I = w1.size(1), k = top_k, M = T_ * k;
+  const int64_t T_ = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k, M = T_ * k;
   if (T_ == 0) return;
 
   at::Tensor logits = at::empty({T_, E}, x.options());  // in x's dtype, like nn.Linear
@@ -178,8 +213,7 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
   at::Tensor inv_perm = at::empty({T_, k}, x.options().dtype(at::kInt));
   std::vector<int64_t> offsets(E + 1);
   at::Tensor permuted = at::empty({M, H}, x.options());
-  at::Tensor gate = at::empty({M, I}, x.options()), up = at::empty({M, I}, x.options());
-  at::Tensor act = at::empty({M, I}, x.options()), y = at::empty({M, H}, x.options());
+  at::Tensor y = at::empty({M, H}, x.options());
 
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
     topk_softmax_rows(logits.const_data_ptr<scalar_t>(), weights.data_ptr<float>(), ids.data_ptr<int32_t>(), T_, E,
@@ -187,18 +221,7 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
     build_permutation(ids.const_data_ptr<int32_t>(), M, E, offsets.data(), inv_perm.data_ptr<int32_t>());
     gather_rows(static_cast<char*>(permuted.data_ptr()), static_cast<const char*>(x.const_data_ptr()),
                 inv_perm.const_data_ptr<int32_t>(), M, k, H * x.element_size());
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-      if (n == 0) continue;  // untouched expert: no work at all
-      const at::Tensor a = permuted.narrow(0, r0, n);
-      at::Tensor g = gate.narrow(0, r0, n), u = up.narrow(0, r0, n);
-      linear_into(g, a, w1.select(0, e));
-      linear_into(u, a, w3.select(0, e));
-      silu_mul_rows(act.data_ptr<scalar_t>(), gate.const_data_ptr<scalar_t>(), up.const_data_ptr<scalar_t>(), r0,
-                    r0 + n, I);
-      at::Tensor ye = y.narrow(0, r0, n);
-      linear_into(ye, act.narrow(0, r0, n), w2.select(0, e));
-    }
+    expert_segments<scalar_t>(y, permuted, offsets.data(), E, w1, w2, w3);
     unpermute_rows(out.data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), weights.const_data_ptr<float>(),
                    inv_perm.const_data_ptr<int32_t>(), T_, k, H);
   });
@@ -212,4 +235,5 @@ TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) {
   m.impl("moe_permute", &mk::cpu::moe_permute);
   m.impl("moe_unpermute", &mk::cpu::moe_unpermute);
   m.impl("fused_moe", &mk::cpu::fused_moe);
+  m.impl("moe_expert_ffn", &mk::cpu::moe_expert_ffn);
 }

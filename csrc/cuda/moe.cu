@@ -9,4 +9,5 @@ TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) {
   m.impl("moe_permute", &mk::glue::moe_permute);
   m.impl("moe_unpermute", &mk::glue::moe_unpermute);
   m.impl("fused_moe", &mk::glue::fused_moe);
+  m.impl("moe_expert_ffn", &mk::glue::moe_expert_ffn);
 }

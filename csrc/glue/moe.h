@@ -159,4 +159,42 @@ inline void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& ga
   });
 }
 
+// out [M, H]: the SwiGLU experts w1/w3 [G, I, H], w2 [G, H, I] over the segments of permuted_x [M, H]
+// (segment e = rows [offsets[e], offsets[e+1]), offsets on the device: no host sync); other rows are 0.
+inline void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const at::Tensor& expert_offsets,
+                           const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
+  constexpr const char* op = "moe_expert_ffn";
+  backend::require_device(op, "permuted_x", permuted_x);
+  check::expert_ffn_args(op, out, permuted_x, expert_offsets, w1, w2, w3, backend::kFloatTypes);
+  const int64_t M = permuted_x.size(0), H = permuted_x.size(1), G = w1.size(0), I = w1.size(1);
+  moe_detail::check_expert_count(op, G);
+  backend::Context ctx(permuted_x);
+  out.zero_();
+  if (M == 0 || G == 0) return;
+  const cudaStream_t stream = ctx.stream();
+  at::Tensor h13 = at::empty({M, 2 * I}, permuted_x.options());
+  at::Tensor act = at::empty({M, I}, permuted_x.options());
+  MK_DISPATCH_FLOAT(permuted_x.scalar_type(), op, [&] {
+    using K = kernel_t<scalar_t>;
+    const int64_t* off = expert_offsets.const_data_ptr<int64_t>();
+    const int g = static_cast<int>(G);
+    K* h = kptr<scalar_t>(h13);
+    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early).
+    check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<scalar_t>(permuted_x), H, kptr<scalar_t>(w1), off, g, M, M, I,
+                                        H, stream),
+                 op);
+    check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<scalar_t>(permuted_x), H, kptr<scalar_t>(w3), off, g, M, M,
+                                        I, H, stream),
+                 op);
+    constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
+    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
+      check_launch(launch_silu_and_mul(kptr<scalar_t>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I,
+                                       stream),
+                   op);
+    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(out), H, kptr<scalar_t>(act), I, kptr<scalar_t>(w2), off, g, M,
+                                        M, H, I, stream),
+                 op);
+  });
+}
+
 }  // namespace mk::glue

@@ -50,6 +50,7 @@ def register(names: list[str]) -> None:
 
 
 register(MUTATING_OPS)
+register(["moe_expert_ffn"])
 
 
 # CPU-only helper ops (namespace mistral_kernels only).

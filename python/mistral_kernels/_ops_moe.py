@@ -181,3 +181,46 @@ class MoEOps(OpsBase):
         out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
         self._lib.fused_moe(out, x2, gate_weight, w1, w2, w3, int(top_k), bool(renormalize))
         return out.view(x.shape)
+
+    def moe_expert_ffn(
+        self,
+        permuted_x: torch.Tensor,
+        expert_offsets: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        w3: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The SwiGLU experts of :meth:`fused_moe` alone, over rows already grouped by expert.
+
+        ``out[r] = w2[e]·(silu(w1[e]·x[r]) * w3[e]·x[r])`` for the rows r of segment e =
+        ``[expert_offsets[e], expert_offsets[e+1])``, e < G = ``w1.shape[0]``; every other row is 0. The
+        offsets stay on the device (no host sync on CUDA), so a caller can route over more buckets than
+        it has weights — e.g. expert parallelism: the last bucket collects the choices of other ranks'
+        experts and comes out as zeros.
+
+        Example: offsets ``[0, 2, 2, 5]`` with G = 2 experts over M = 5 rows: rows 0-1 go through expert 0,
+        expert 1 has none, rows 2-4 (the third bucket, beyond G) are 0.
+
+        Parameters
+        ----------
+        permuted_x : [M, H], e.g. from :meth:`moe_permute`
+        expert_offsets : int64 [≥ G+1], non-decreasing, within [0, M]
+        w1, w3 : [G, I, H]; w2 : [G, H, I]
+        out : optional [M, H]
+
+        Returns
+        -------
+        [M, H], same dtype as permuted_x
+        """
+        op = "moe_expert_ffn"
+        require_tensor(op, "permuted_x", permuted_x)
+        require_tensor(op, "expert_offsets", expert_offsets)
+        require_tensor(op, "w1", w1)
+        if expert_offsets.dim() == 1 and w1.dim() == 3 and expert_offsets.shape[0] > w1.shape[0]:
+            check_index_range(op, "expert_offsets", expert_offsets[: w1.shape[0] + 1], 0,
+                              permuted_x.shape[0] + 1, "row bounds within [0, M]")
+        if out is None:
+            out = torch.empty_like(permuted_x)
+        self._lib.moe_expert_ffn(out, permuted_x, expert_offsets, w1, w2, w3)
+        return out

@@ -34,12 +34,14 @@ topk_softmax = _OPS.topk_softmax
 moe_permute = _OPS.moe_permute
 moe_unpermute = _OPS.moe_unpermute
 fused_moe = _OPS.fused_moe
+moe_expert_ffn = _OPS.moe_expert_ffn
 
 __all__ = [
     "paged_decode_attention",
     "paged_prefill_attention",
     "reshape_and_cache",
     "fused_moe",
+    "moe_expert_ffn",
     "moe_permute",
     "moe_unpermute",
     "topk_softmax",

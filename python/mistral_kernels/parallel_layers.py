@@ -91,15 +91,7 @@ class ShardedDecoderLayer(DecoderLayer):
         null = torch.full_like(local, self.num_local_experts)
         local = torch.where((local >= 0) & (local < self.num_local_experts), local, null)
         permuted, offsets, inv_perm = kern.moe_permute(x, local, self.num_local_experts + 1)  # [M, H]
-        expert_out = torch.zeros_like(permuted)                                   # null rows stay 0
-        bounds = offsets.tolist()  # one host read per MoE layer (segment lengths of the local experts)
-        for e in range(self.num_local_experts):
-            start, stop = bounds[e], bounds[e + 1]
-            if start == stop:
-                continue
-            rows = permuted[start:stop]                                           # [m, H]
-            # gate | up side by side for silu_and_mul (an activation copy; fusing w1|w3 at load would
-            # double the experts' peak memory while the loader's dict still holds them)
-            gate_up = torch.cat([ops.linear(rows, self.w1[e]), ops.linear(rows, self.w3[e])], dim=-1)  # [m, 2I]
-            ops.linear(kern.silu_and_mul(gate_up), self.w2[e], out=expert_out[start:stop])  # [m, H]
+        # The local experts over their segments; the null bucket's rows come out 0. Offsets stay on the
+        # device: no host sync in the decode loop.
+        expert_out = kern.moe_expert_ffn(permuted, offsets, self.w1, self.w2, self.w3)  # [M, H]
         return kern.moe_unpermute(expert_out, weights, inv_perm)                  # [T, H]

@@ -132,6 +132,30 @@ def fused_moe(
     return out.to(x.dtype).view(x.shape)
 
 
+def moe_expert_ffn(
+    permuted_x: torch.Tensor,
+    expert_offsets: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """permuted_x [M, H] → [M, H]: expert e < G = w1.shape[0] on rows [offsets[e], offsets[e+1]); others 0."""
+    y = torch.zeros_like(permuted_x)
+    for e in range(w1.shape[0]):
+        r0, r1 = int(expert_offsets[e]), int(expert_offsets[e + 1])
+        if r1 > r0:
+            a = permuted_x[r0:r1]
+            y[r0:r1] = silu_and_mul(torch.cat([a @ w1[e].T, a @ w3[e].T], dim=-1)) @ w2[e].T
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+__all__ += ["moe_expert_ffn"]
+
+
 # ---- paged KV cache + attention (issue 4) --------------------------------------------------------------
 # T tokens, Tq packed queries, B sequences, Hq / Hkv heads, D head_dim, N num_blocks, S block_size,
 # M max_blocks, W sliding window. Cache layout and index conventions: see _ops_attention.py.
