@@ -96,13 +96,33 @@ inline void moe_unpermute_args(const char* op, const at::Tensor& out, const at::
   contiguous(op, "out", out);
 }
 
+// Stacked SwiGLU expert weights w1, w3 [E, I, H] and w2 [E, H, I] for activations x [rows, H] named `x_name`:
+// x's dtype and device, contiguous. E is the expected expert count (from the router or from w1 itself).
+inline void expert_weights(const char* op, const char* x_name, const at::Tensor& x, const at::Tensor& w1,
+                           const at::Tensor& w2, const at::Tensor& w3, int64_t E, const char* e_from) {
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"w1", &w1}, {"w2", &w2}, {"w3", &w3}}) {
+    same_dtype(op, name, *t, x_name, x);
+    same_device(op, name, *t, x_name, x);
+    contiguous(op, name, *t);
+  }
+  ndim(op, "w1", w1, 3, "[E, I, H]");
+  ndim(op, "w3", w3, 3, "[E, I, H]");
+  ndim(op, "w2", w2, 3, "[E, H, I]");
+  const int64_t H = x.size(1), I = w1.size(1);
+  TORCH_CHECK(w1.size(0) == E && w1.size(2) == H, op, ": w1 must be [E, I, H] = [", E, ", I, ", H, "] (E from ",
+              e_from, ", H from ", x_name, "), got ", shape_str(w1));
+  TORCH_CHECK(w3.sizes() == w1.sizes(), op, ": w3 must have the shape of w1 ", shape_str(w1), ", got ",
+              shape_str(w3));
+  TORCH_CHECK(w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, op, ": w2 must be [E, H, I] = [", E, ", ", H,
+              ", ", I, "], got ", shape_str(w2));
+}
+
 // out [T, H]  ←  x [T, H], gate_weight [E, H], w1, w3 [E, I, H], w2 [E, H, I]; one dtype, contiguous.
 inline void fused_moe_args(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& gate,
                            const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3, int64_t top_k,
                            std::initializer_list<at::ScalarType> dtypes) {
   dtype_in(op, "x", x, dtypes);
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"out", &out}, {"gate_weight", &gate},
-                         {"w1", &w1}, {"w2", &w2}, {"w3", &w3}}) {
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"out", &out}, {"gate_weight", &gate}}) {
     same_dtype(op, name, *t, "x", x);
     same_device(op, name, *t, "x", x);
     contiguous(op, name, *t);
@@ -110,17 +130,9 @@ inline void fused_moe_args(const char* op, const at::Tensor& out, const at::Tens
   contiguous(op, "x", x);
   ndim(op, "x", x, 2, "[T, H]");
   ndim(op, "gate_weight", gate, 2, "[E, H]");
-  ndim(op, "w1", w1, 3, "[E, I, H]");
-  ndim(op, "w3", w3, 3, "[E, I, H]");
-  ndim(op, "w2", w2, 3, "[E, H, I]");
-  const int64_t H = x.size(1), E = gate.size(0), I = w1.size(1);
-  size_eq(op, "gate_weight", gate, 1, H, "H = x.shape[1]");
-  TORCH_CHECK(w1.size(0) == E && w1.size(2) == H, op, ": w1 must be [E, I, H] = [", E, ", I, ", H,
-              "] (E from gate_weight, H from x), got ", shape_str(w1));
-  TORCH_CHECK(w3.sizes() == w1.sizes(), op, ": w3 must have the shape of w1 ", shape_str(w1), ", got ",
-              shape_str(w3));
-  TORCH_CHECK(w2.size(0) == E && w2.size(1) == H && w2.size(2) == I, op, ": w2 must be [E, H, I] = [", E, ", ", H,
-              ", ", I, "], got ", shape_str(w2));
+  const int64_t E = gate.size(0);
+  size_eq(op, "gate_weight", gate, 1, x.size(1), "H = x.shape[1]");
+  expert_weights(op, "x", x, w1, w2, w3, E, "gate_weight");
   TORCH_CHECK(out.sizes() == x.sizes(), op, ": out must have the shape of x ", shape_str(x), ", got ",
               shape_str(out));
   topk_range(op, top_k, E);
@@ -134,12 +146,9 @@ inline void expert_ffn_args(const char* op, const at::Tensor& out, const at::Ten
                             const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
                             std::initializer_list<at::ScalarType> dtypes) {
   dtype_in(op, "permuted_x", x, dtypes);
-  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"out", &out}, {"w1", &w1}, {"w2", &w2},
-                         {"w3", &w3}}) {
-    same_dtype(op, name, *t, "permuted_x", x);
-    same_device(op, name, *t, "permuted_x", x);
-    contiguous(op, name, *t);
-  }
+  same_dtype(op, "out", out, "permuted_x", x);
+  same_device(op, "out", out, "permuted_x", x);
+  contiguous(op, "out", out);
   same_device(op, "expert_offsets", offsets, "permuted_x", x);
   dtype_is(op, "expert_offsets", offsets, at::kLong);
   contiguous(op, "expert_offsets", offsets);
@@ -147,14 +156,8 @@ inline void expert_ffn_args(const char* op, const at::Tensor& out, const at::Ten
   ndim(op, "permuted_x", x, 2, "[M, H]");
   ndim(op, "expert_offsets", offsets, 1, "[G + 1] (or longer)");
   ndim(op, "w1", w1, 3, "[G, I, H]");
-  ndim(op, "w3", w3, 3, "[G, I, H]");
-  ndim(op, "w2", w2, 3, "[G, H, I]");
-  const int64_t H = x.size(1), G = w1.size(0), I = w1.size(1);
-  size_eq(op, "w1", w1, 2, H, "H = permuted_x.shape[1]");
-  TORCH_CHECK(w3.sizes() == w1.sizes(), op, ": w3 must have the shape of w1 ", shape_str(w1), ", got ",
-              shape_str(w3));
-  TORCH_CHECK(w2.size(0) == G && w2.size(1) == H && w2.size(2) == I, op, ": w2 must be [G, H, I] = [", G, ", ", H,
-              ", ", I, "], got ", shape_str(w2));
+  const int64_t G = w1.size(0);
+  expert_weights(op, "permuted_x", x, w1, w2, w3, G, "w1");
   TORCH_CHECK(offsets.size(0) >= G + 1, op, ": expert_offsets needs at least G + 1 = ", G + 1,
               " entries (G = w1.shape[0] experts), got ", offsets.size(0));
   TORCH_CHECK(out.sizes() == x.sizes(), op, ": out must have the shape of permuted_x ", shape_str(x), ", got ",

@@ -66,6 +66,33 @@ void unpermute(const char* op, at::Tensor& out, const at::Tensor& y, const at::T
   }
 }
 
+// y [M, H] rows of segment g (rows [offsets[g], offsets[g+1]), g < G, offsets on the device) =
+// w2[g]·(silu(w1[g]·x) * w3[g]·x); other rows of y are not written. max_group_rows bounds any segment
+// (it only picks the GEMM tile height).
+template <typename S>
+void expert_ffn(const char* op, at::Tensor& y, const at::Tensor& permuted, const int64_t* offsets, int64_t G,
+                int64_t max_group_rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                cudaStream_t stream) {
+  const int64_t M = permuted.size(0), H = permuted.size(1), I = w1.size(1);
+  at::Tensor h13 = at::empty({M, 2 * I}, permuted.options());
+  at::Tensor act = at::empty({M, I}, permuted.options());
+  const int g = static_cast<int>(G);
+  kernel_t<S>* h = kptr<S>(h13);
+  check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<S>(permuted), H, kptr<S>(w1), offsets, g, M, max_group_rows, I,
+                                      H, stream),
+               op);
+  check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<S>(permuted), H, kptr<S>(w3), offsets, g, M, max_group_rows,
+                                      I, H, stream),
+               op);
+  constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
+  for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
+    check_launch(launch_silu_and_mul(kptr<S>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I, stream),
+                 op);
+  check_launch(launch_grouped_gemm_nt(kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), offsets, g, M, max_group_rows, H,
+                                      I, stream),
+               op);
+}
+
 }  // namespace moe_detail
 
 // topk_weights fp32 [T, k], topk_ids int32 [T, k]  ←  gating_logits [T, E]
@@ -115,7 +142,7 @@ inline void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& ga
   constexpr const char* op = "fused_moe";
   backend::require_device(op, "x", x);
   check::fused_moe_args(op, out, x, gate_weight, w1, w2, w3, top_k, backend::kFloatTypes);
-  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), I = w1.size(1), k = top_k, M = T * k;
+  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k, M = T * k;
   moe_detail::check_expert_count(op, E);
   if (T == 0) return;
   backend::Context ctx(x);
@@ -126,35 +153,16 @@ inline void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& ga
   at::Tensor inv_perm = at::empty({T, k}, x.options().dtype(at::kInt));
   at::Tensor offsets = at::empty({E + 1}, x.options().dtype(at::kLong));
   at::Tensor permuted = at::empty({M, H}, x.options());
-  at::Tensor h13 = at::empty({M, 2 * I}, x.options());
-  at::Tensor act = at::empty({M, I}, x.options());
   at::Tensor y = at::empty({M, H}, x.options());
   MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
-    using K = kernel_t<scalar_t>;
     // router: one group [0, T) of the gate weight seen as [1, E, H]
     check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(logits), E, kptr<scalar_t>(x), H, kptr<scalar_t>(gate_weight),
                                         static_cast<const int64_t*>(nullptr), 1, T, T, E, H, stream),
                  op);
     moe_detail::router<scalar_t>(op, weights, ids, logits, renormalize, stream);
     moe_detail::permute<scalar_t>(op, permuted, offsets, inv_perm, x, ids, E, stream);
-    const int64_t* off = offsets.const_data_ptr<int64_t>();
-    const int G = static_cast<int>(E);
-    K* h = kptr<scalar_t>(h13);
     // A token picks an expert at most once: no segment exceeds T rows.
-    check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<scalar_t>(permuted), H, kptr<scalar_t>(w1), off, G, M, T, I, H,
-                                        stream),
-                 op);
-    check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<scalar_t>(permuted), H, kptr<scalar_t>(w3), off, G, M, T, I,
-                                        H, stream),
-                 op);
-    constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
-    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
-      check_launch(launch_silu_and_mul(kptr<scalar_t>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I,
-                                       stream),
-                   op);
-    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(y), H, kptr<scalar_t>(act), I, kptr<scalar_t>(w2), off, G, M, T,
-                                        H, I, stream),
-                 op);
+    moe_detail::expert_ffn<scalar_t>(op, y, permuted, offsets.const_data_ptr<int64_t>(), E, T, w1, w2, w3, stream);
     moe_detail::unpermute<scalar_t>(op, out, y, weights, inv_perm, stream);
   });
 }
@@ -166,34 +174,15 @@ inline void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const 
   constexpr const char* op = "moe_expert_ffn";
   backend::require_device(op, "permuted_x", permuted_x);
   check::expert_ffn_args(op, out, permuted_x, expert_offsets, w1, w2, w3, backend::kFloatTypes);
-  const int64_t M = permuted_x.size(0), H = permuted_x.size(1), G = w1.size(0), I = w1.size(1);
+  const int64_t M = permuted_x.size(0), G = w1.size(0);
   moe_detail::check_expert_count(op, G);
   backend::Context ctx(permuted_x);
   out.zero_();
   if (M == 0 || G == 0) return;
-  const cudaStream_t stream = ctx.stream();
-  at::Tensor h13 = at::empty({M, 2 * I}, permuted_x.options());
-  at::Tensor act = at::empty({M, I}, permuted_x.options());
   MK_DISPATCH_FLOAT(permuted_x.scalar_type(), op, [&] {
-    using K = kernel_t<scalar_t>;
-    const int64_t* off = expert_offsets.const_data_ptr<int64_t>();
-    const int g = static_cast<int>(G);
-    K* h = kptr<scalar_t>(h13);
     // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early).
-    check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<scalar_t>(permuted_x), H, kptr<scalar_t>(w1), off, g, M, M, I,
-                                        H, stream),
-                 op);
-    check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<scalar_t>(permuted_x), H, kptr<scalar_t>(w3), off, g, M, M,
-                                        I, H, stream),
-                 op);
-    constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
-    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
-      check_launch(launch_silu_and_mul(kptr<scalar_t>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I,
-                                       stream),
-                   op);
-    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(out), H, kptr<scalar_t>(act), I, kptr<scalar_t>(w2), off, g, M,
-                                        M, H, I, stream),
-                 op);
+    moe_detail::expert_ffn<scalar_t>(op, out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), G, M, w1, w2, w3,
+                                     ctx.stream());
   });
 }
 
