@@ -2,25 +2,29 @@
 //   mistral_kernels      CPU (csrc/cpu) and CUDA (csrc/cuda) implementations
 //   mistral_kernels_emu  the CUDA kernels run on CPU tensors by the SIMT emulator (csrc/emu)
 // `Tensor!` marks arguments the op writes. Ops write into caller-allocated outputs; the Python
-// wrappers in mistral_kernels/ops.py allocate them and register the fake (meta) implementations.
+// wrappers in mistral_kernels/ops/ allocate them and register the fake (meta) implementations.
+// The implementations are registered per family from its op list MK_<FAMILY>_OPS (csrc/checks/<family>.h)
+// by csrc/cpu/*.cpp, csrc/cuda/<family>.cu and csrc/emu/<family>.cpp.
 #include <torch/library.h>
 
 namespace {
 
 constexpr const char* kSchemas[] = {
-    // norm / activation / rope  (csrc/kernels/{norm,activation,rope}.cuh, csrc/cpu/{norm,rope}.cpp)
+    // norm / activation / rope  (MK_NORM_OPS, MK_ROPE_OPS; csrc/kernels/{norm,activation,rope}.cuh,
+    // csrc/cpu/{norm,rope}.cpp)
     "rms_norm(Tensor! out, Tensor x, Tensor weight, float eps) -> ()",
     "fused_add_rms_norm(Tensor! x, Tensor! residual, Tensor weight, float eps) -> ()",
     "silu_and_mul(Tensor! out, Tensor x) -> ()",
     "rotary_embedding(Tensor positions, Tensor! q, Tensor! k, Tensor cos_sin_cache, bool is_neox) -> ()",
-    // paged KV cache + attention  (csrc/kernels/{kv_cache,paged_decode,paged_prefill}.cuh,
-    // csrc/cpu/{kv_cache,paged_attention}.cpp). sliding_window <= 0: none; partition_size 0: automatic split-K.
+    // paged KV cache + attention  (MK_ATTENTION_OPS; csrc/kernels/{kv_cache,paged_decode,paged_prefill,
+    // paged_prefill_tc}.cuh, csrc/cpu/paged_attention.cpp). sliding_window <= 0: none; partition_size 0:
+    // automatic split-K.
     "reshape_and_cache(Tensor k, Tensor v, Tensor! k_cache, Tensor! v_cache, Tensor slot_mapping) -> ()",
     "paged_decode_attention(Tensor! out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
     "Tensor seq_lens, float scale, int sliding_window, int partition_size) -> ()",
     "paged_prefill_attention(Tensor! out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
     "Tensor cu_seqlens_q, Tensor seq_lens, float scale, int sliding_window) -> ()",
-    // top-k MoE  (csrc/kernels/{moe_router,moe_permute,grouped_gemm}.cuh, csrc/cpu/moe.cpp)
+    // top-k MoE  (MK_MOE_OPS; csrc/kernels/{moe_router,moe_permute,grouped_gemm}.cuh, csrc/cpu/moe.cpp)
     "topk_softmax(Tensor! topk_weights, Tensor! topk_ids, Tensor gating_logits, bool renormalize) -> ()",
     "moe_permute(Tensor! permuted_x, Tensor! expert_offsets, Tensor! inv_perm, Tensor x, Tensor topk_ids) -> ()",
     "moe_unpermute(Tensor! out, Tensor expert_out, Tensor topk_weights, Tensor inv_perm) -> ()",

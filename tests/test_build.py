@@ -1,10 +1,14 @@
-"""The build itself: every schema has a kernel on every backend that was built, and the CUDA build
-really contains SASS for sm_80 and sm_90 (parsed from the module's .nv_fatbin ELF section)."""
+"""The build itself: every schema has a kernel on every backend that was built, each backend's build of
+the shared C++ headers keeps its own symbols, and the CUDA build really contains SASS for sm_80 and sm_90
+(parsed from the module's .nv_fatbin ELF section)."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import struct
+import subprocess
 
 import pytest
 import torch
@@ -64,6 +68,33 @@ def test_emulated_namespace_mirrors_the_ops() -> None:
     assert emulated == native
     for n in emulated:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"mistral_kernels_emu::{n}", "CPU"), n
+
+
+def _mk_namespaces(path: str) -> set[str]:
+    """The namespaces directly inside mk of every symbol the module defines (from the mangled names:
+    _ZN2mk7abi_emu4glue8rms_norm... → abi_emu)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not found")
+    r = subprocess.run([nm, "--defined-only", path], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    found: set[str] = set()
+    for line in r.stdout.splitlines():
+        for m in re.finditer(r"N2mk(\d+)", line.split()[-1]):
+            found.add(line.split()[-1][m.end() : m.end() + int(m.group(1))])
+    return found
+
+
+def test_backends_keep_their_symbols_apart() -> None:
+    """csrc/abi.h: csrc/kernels, glue and checks are compiled into _C.so once per backend, each build in
+    its own inline namespace of mk, so that the inline functions and templates of two builds never merge."""
+    spaces = _mk_namespaces(str(mistral_kernels.library_path()))
+    expected = {"abi_cpu", "cpu"}  # the shared headers as built for csrc/cpu; the CPU kernels' own namespace
+    if mistral_kernels.emulator_compiled():
+        expected.add("abi_emu")
+    if mistral_kernels.cuda_compiled():
+        expected.add("abi_cuda")
+    assert spaces == expected, f"namespaces directly inside mk: {sorted(spaces)}, expected {sorted(expected)}"
 
 
 def test_cuda_build_is_real() -> None:

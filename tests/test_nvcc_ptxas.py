@@ -15,14 +15,28 @@ from .test_emulator import _nvcc
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "tests" / "nvcc" / "prefill_tc_kernels.cu"
-HEAD_DIMS = (64, 80, 96, 128, 256)
 ARCHS = ("sm_80", "sm_90")
+
+
+def _head_dims() -> tuple[int, ...]:
+    """MK_HEAD_DIMS of csrc/kernels/common.cuh: the head dims launch_paged_prefill_tc dispatches over."""
+    text = (ROOT / "csrc" / "kernels" / "common.cuh").read_text()
+    m = re.search(r"^#define MK_HEAD_DIMS\(X\)((?: X\(\d+\))+)$", text, re.MULTILINE)
+    assert m, "#define MK_HEAD_DIMS(X) X(64) ... not found in csrc/kernels/common.cuh"
+    return tuple(int(d) for d in re.findall(r"X\((\d+)\)", m.group(1)))
+
+
+HEAD_DIMS = _head_dims()
 
 
 def _ptxas_report(out: str) -> dict[tuple[str, str], str]:
     """{(mangled kernel, arch): its ptxas -v lines} from nvcc's combined output."""
     blocks = re.split(r"ptxas info\s*: Compiling entry function '([^']+)' for '(sm_\d+)'", out)
     return {(blocks[i], blocks[i + 1]): blocks[i + 2] for i in range(1, len(blocks) - 2, 3)}
+
+
+def test_head_dim_list_is_read() -> None:
+    assert HEAD_DIMS == (64, 80, 96, 128, 256)
 
 
 def test_prefill_tc_kernels_do_not_spill(tmp_path: Path) -> None:

@@ -9,18 +9,42 @@
 //   prefill: q [Tq, Hq, D]  cu_seqlens_q int32 [B+1]                          out [Tq, Hq, D]
 // Content checks (seq_lens within the block tables' capacity, the block ids actually read in
 // [0, N), cu_seqlens_q monotone with q_b ≤ seq_lens[b]) run here for CPU tensors only; device
-// tensors are checked by the Python wrapper (mistral_kernels/_ops_attention.py).
+// tensors are checked by the Python wrapper (mistral_kernels/ops/attention.py).
+// The visibility rule (first_visible_key) and the head dims of the CUDA kernels (MK_HEAD_DIMS) come
+// from csrc/kernels/common.cuh.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
+#include "../kernels/common.cuh"
 #include "common.h"
 
-namespace mk::check {
+// The ops of this family (registered by every backend from this list; see common.h).
+#define MK_ATTENTION_OPS(X) X(reshape_and_cache) X(paged_decode_attention) X(paged_prefill_attention)
 
-// head_dim values the CUDA kernels are instantiated for.
-inline bool cuda_head_dim_ok(int64_t D) { return D == 64 || D == 80 || D == 96 || D == 128 || D == 256; }
+namespace mk::inline MK_ABI::check {
+
+// "64, 80, 96, 128, 256": the head dims the CUDA kernels are instantiated for.
+inline std::string head_dim_list() {
+  std::string s;
+  for (const int d : kHeadDims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+// The paged cache of checked tensors k_cache / v_cache [N, S, Hkv, D] and block_tables int32 [B, M], their
+// data seen as T (the kernels' element type).
+template <typename T>
+PagedCache<T> paged_cache_of(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables) {
+  return {static_cast<const T*>(k_cache.const_data_ptr()),
+          static_cast<const T*>(v_cache.const_data_ptr()),
+          block_tables.const_data_ptr<int32_t>(),
+          static_cast<int>(k_cache.size(2)),
+          static_cast<int>(k_cache.size(1)),
+          static_cast<int>(block_tables.size(1)),
+          static_cast<int>(k_cache.size(0))};
+}
 
 inline void kv_cache_pair(const char* op, const at::Tensor& k_cache, const at::Tensor& v_cache) {
   ndim(op, "k_cache", k_cache, 4, "[num_blocks, block_size, Hkv, D]");
@@ -83,8 +107,8 @@ inline void attention_common_args(const char* op, const at::Tensor& out, const a
   size_eq(op, "k_cache", k_cache, 3, D, "head_dim D = q.shape[2]");
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, op, ": q has ", Hq, " heads, which is not a multiple of the ", Hkv,
               " kv heads of k_cache (shape[2]); GQA needs Hq % Hkv == 0");
-  TORCH_CHECK(!gpu_kernel || cuda_head_dim_ok(D), op, ": head_dim ", D,
-              " is not supported by the CUDA kernels (64, 80, 96, 128, 256)");
+  TORCH_CHECK(!gpu_kernel || head_dim_supported(D), op, ": head_dim ", D, " is not supported by the CUDA kernels (",
+              head_dim_list(), ")");
   TORCH_CHECK(out.sizes() == q.sizes(), op, ": out must have the shape of q ", shape_str(q), ", got ",
               shape_str(out));
   ndim(op, "block_tables", block_tables, 2, "[B, max_blocks]");
@@ -98,19 +122,22 @@ inline void attention_common_args(const char* op, const at::Tensor& out, const a
 }
 
 // CPU index tensors only: every seq_lens[b] in [0, M*S] and the block ids of the blocks the kernels
-// read — logical blocks first_key[b]/S … (seq_lens[b]-1)/S — in [0, N).
+// read — logical blocks first/S … (seq_lens[b]-1)/S with first = first_visible_key(first query position,
+// window) — in [0, N). The first query sits at seq_lens[b]-1 for decode (cu_seqlens_q undefined) and at
+// seq_lens[b]-q_b for prefill (q_b from cu_seqlens_q, validated before by cu_seqlens_cpu).
 inline void paged_indices_cpu(const char* op, const at::Tensor& k_cache, const at::Tensor& block_tables,
-                              const at::Tensor& seq_lens, const int64_t* first_key /* [B] or nullptr = 0 */) {
+                              const at::Tensor& seq_lens, int64_t window, const at::Tensor& cu_seqlens_q = {}) {
   if (!seq_lens.device().is_cpu()) return;
   const int64_t B = seq_lens.size(0), M = block_tables.size(1), S = k_cache.size(1), N = k_cache.size(0);
   const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
   const int32_t* bt = block_tables.const_data_ptr<int32_t>();
+  const int32_t* cu = cu_seqlens_q.defined() ? cu_seqlens_q.const_data_ptr<int32_t>() : nullptr;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(sl[b] >= 0, op, ": seq_lens[", b, "]=", sl[b], " is negative");
     TORCH_CHECK(sl[b] <= M * S, op, ": seq_lens[", b, "]=", sl[b], " exceeds block_tables capacity ", M * S,
                 " (max_blocks*block_size)");
     if (sl[b] == 0) continue;
-    const int64_t first = first_key ? std::max<int64_t>(0, first_key[b]) : 0;
+    const int64_t first = first_visible_key(cu ? sl[b] - (cu[b + 1] - cu[b]) : sl[b] - 1, window);
     for (int64_t j = first / S; j <= (sl[b] - 1) / S; ++j) {
       const int32_t id = bt[b * M + j];
       TORCH_CHECK(id >= 0 && id < N, op, ": block_tables[", b, ", ", j, "]=", id, " is out of range [0, ", N,
@@ -147,10 +174,4 @@ inline void prefill_shape_args(const char* op, const at::Tensor& q, const at::Te
   contiguous(op, "cu_seqlens_q", cu_seqlens_q);
 }
 
-// The first key any query of sequence b can see (decode: query at seq_lens-1; prefill: the first new
-// token at seq_lens-q_b). Used to bound the block-id check to the blocks actually read.
-inline int64_t first_visible_key(int64_t first_query_pos, int64_t window) {
-  return window > 0 ? std::max<int64_t>(0, first_query_pos - window + 1) : 0;
-}
-
-}  // namespace mk::check
+}  // namespace mk::inline MK_ABI::check

@@ -1,6 +1,11 @@
 // checks/common.h — argument validation shared by the CPU, CUDA and emulated backends.
 // Every failure raises (TORCH_CHECK → Python RuntimeError) with the op name, the argument name,
 // what was expected and what was given.
+//
+// checks/<family>.h also holds the family's op list, MK_<FAMILY>_OPS(X): every backend registers its
+// implementations by expanding it (TORCH_LIBRARY_IMPL(..., m) { MK_NORM_OPS(MK_IMPL_CPU) }, with
+// MK_IMPL_CPU from cpu/common.h or MK_IMPL_GLUE from glue/common.h); the schemas are in
+// csrc/registration.cpp.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,7 +14,9 @@
 #include <initializer_list>
 #include <string>
 
-namespace mk::check {
+#include "../abi.h"
+
+namespace mk::inline MK_ABI::check {
 
 inline std::string shape_str(const at::Tensor& t) { return c10::str(t.sizes()); }
 
@@ -68,10 +75,6 @@ inline void dense_inner(const char* op, const char* arg, const at::Tensor& t, in
   }
 }
 
-}  // namespace mk::check
-
-namespace mk::check {
-
 // Every element of the CPU index tensor `t` lies in [lo, hi). Reports the first offender.
 // (Device tensors are checked by the Python wrapper, which can afford the sync when asked.)
 template <typename I>
@@ -84,4 +87,4 @@ inline void index_range_cpu(const char* op, const char* arg, const at::Tensor& t
                 " is out of range [", lo, ", ", hi, ") (", what, ")");
 }
 
-}  // namespace mk::check
+}  // namespace mk::inline MK_ABI::check

@@ -1,4 +1,4 @@
-// checks/moe.h — argument checks for topk_softmax, moe_permute, moe_unpermute, fused_moe.
+// checks/moe.h — argument checks for topk_softmax, moe_permute, moe_unpermute, fused_moe, moe_expert_ffn.
 // Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = rows of expert_out (T·k from moe_permute).
 #pragma once
 
@@ -7,7 +7,10 @@
 
 #include "common.h"
 
-namespace mk::check {
+// The ops of this family (registered by every backend from this list; see common.h).
+#define MK_MOE_OPS(X) X(topk_softmax) X(moe_permute) X(moe_unpermute) X(fused_moe) X(moe_expert_ffn)
+
+namespace mk::inline MK_ABI::check {
 
 // k is held one-per-lane by the CUDA router (one warp per token): every backend accepts 1 ≤ k ≤ min(E, 32).
 inline constexpr int64_t kMaxTopK = 32;
@@ -171,4 +174,4 @@ inline void expert_ffn_args(const char* op, const at::Tensor& out, const at::Ten
   }
 }
 
-}  // namespace mk::check
+}  // namespace mk::inline MK_ABI::check

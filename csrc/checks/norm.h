@@ -4,7 +4,10 @@
 
 #include "common.h"
 
-namespace mk::check {
+// The ops of this family (registered by every backend from this list; see common.h).
+#define MK_NORM_OPS(X) X(rms_norm) X(fused_add_rms_norm) X(silu_and_mul)
+
+namespace mk::inline MK_ABI::check {
 
 // out [..., H], x [..., H], weight [H]; all contiguous, same dtype/device.
 // `out_name` is "out" for rms_norm and "residual" for fused_add_rms_norm.
@@ -42,4 +45,4 @@ inline void silu_and_mul_args(const char* op, const at::Tensor& out, const at::T
   contiguous(op, "out", out);
 }
 
-}  // namespace mk::check
+}  // namespace mk::inline MK_ABI::check

@@ -4,7 +4,10 @@
 
 #include "common.h"
 
-namespace mk::check {
+// The ops of this family (registered by every backend from this list; see common.h).
+#define MK_ROPE_OPS(X) X(rotary_embedding)
+
+namespace mk::inline MK_ABI::check {
 
 // positions int64 [T]; q [T, Hq, D]; k [T, Hkv, D] (heads and dim dense, token stride free);
 // cos_sin_cache fp32 [P, R] contiguous with R even and R ≤ D.
@@ -34,4 +37,4 @@ inline void rotary_embedding_args(const char* op, const at::Tensor& positions, c
   contiguous(op, "cos_sin_cache", cos_sin);
 }
 
-}  // namespace mk::check
+}  // namespace mk::inline MK_ABI::check

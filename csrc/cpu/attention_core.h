@@ -3,11 +3,13 @@
 // Shapes: R query rows handled together (the q heads of one GQA group × a few query tokens), D head_dim,
 // S block_size, Hkv kv heads, C keys per chunk (kChunk).
 //
-// One call streams the keys [kbeg, kend) of one sequence and one kv head through the flash (online
-// softmax) state of R rows: for each chunk of ≤ C keys inside one physical block it
+// One call streams the keys [kbeg, kend) of one sequence and one kv head (a PagedKV view, csrc/kernels/
+// common.cuh) through the flash (online softmax) state of R rows: for each chunk of ≤ C keys inside one
+// physical block it
 //   1. converts the chunk's K rows to fp32 once and computes all R×C scores (dot products vectorised
 //      over D; the K row is read once for the whole GQA group),
-//   2. updates each row's running max m and sum l (fp32), rescaling its accumulator when m grows,
+//   2. updates each row's OnlineSoftmax state (running max m and sum l, fp32), rescaling its accumulator
+//      when m grows,
 //   3. converts the chunk's V rows once and accumulates p·v into every row with p ≠ 0.
 // Row r only sees keys lo[r] ≤ j < hi[r] (causal / sliding window); masked keys get p = 0 and are never
 // multiplied, so NaN/garbage in cache slots outside the visible ranges cannot reach the output.
@@ -20,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../kernels/common.cuh"
 #include "attention_avx512.h"
 #include "common.h"
 #include "vec_math.h"
@@ -28,6 +31,9 @@ namespace mk::cpu::attn {
 
 inline constexpr int64_t kChunk = 32;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The exponential of the softmax rescale factors and of merges (the probabilities use exp_f / exp16).
+inline float std_exp(float x) { return std::exp(x); }
 
 // Dot product with 16 independent fp32 lanes (vectorises to two AVX2 / one AVX-512 register);
 // the lanes are summed in a fixed order, so the result is deterministic.
@@ -108,14 +114,13 @@ struct Scratch {
   }
 };
 
-// State of R rows: q [R][D] (pre-multiplied by the softmax scale), acc [R][D], m [R], l [R],
+// State of R rows: q [R][D] (pre-multiplied by the softmax scale), acc [R][D], softmax states st [R],
 // visible key ranges [lo[r], hi[r]).
 struct Rows {
   int64_t R, D;
   const float* q;
   float* acc;
-  float* m;
-  float* l;
+  OnlineSoftmax* st;
   const int64_t* lo;
   const int64_t* hi;
   // Optional (bf16 caches): the same q rows unscaled in bf16 [R][D], q = qb · qscale. The AVX-512 BF16
@@ -124,8 +129,7 @@ struct Rows {
   float qscale = 1.f;
   void reset() const {
     std::fill(acc, acc + R * D, 0.f);
-    std::fill(m, m + R, kNegInf);
-    std::fill(l, l + R, 0.f);
+    std::fill(st, st + R, OnlineSoftmax{});
   }
 };
 
@@ -156,34 +160,31 @@ inline void prefetch_rows(const T* base, int64_t stride, int64_t n, int64_t D) {
   }
 }
 
-// Stream keys [kbeg, kend) of one sequence (block table row `bt`) and one kv head through `rows`.
-// k_head / v_head point at head kvh of physical block 0: element (blk, off) is at
-// k_head + (blk*S + off) * Hkv*D.
+// Stream keys [kbeg, kend) of one sequence and one kv head (kv) through `rows`. The block ids of the
+// keys read were validated by check::paged_indices_cpu (kv.slot never returns -1 here).
 #if MK_CPU_ATTN_AVX512BF16
 // scan_keys for bf16 caches with AVX-512 BF16 (attention_avx512.h); QV = D/32, D % 64 == 0.
 // Chunks of ≤ 16 keys inside one physical block: scores of every row, one softmax update per row and
 // chunk, then P·V in tiles of ≤ 4 rows.
 template <int QV>
-void scan_keys_bf16(const Rows& rows, const c10::BFloat16* k_head, const c10::BFloat16* v_head, const int32_t* bt,
-                    int64_t S, int64_t key_stride, int64_t kbeg, int64_t kend, Scratch& sc) {
+void scan_keys_bf16(const Rows& rows, const PagedKV<const c10::BFloat16>& kv, int64_t kbeg, int64_t kend,
+                    Scratch& sc) {
   namespace v = avx512;
   constexpr int64_t C = v::kVecChunk;
-  const int64_t R = rows.R, D = rows.D;
+  const int64_t R = rows.R, D = rows.D, S = kv.block_size, key_stride = kv.slot_stride;
   float* P = sc.scores.data();  // [R][kChunk], kChunk ≥ C
   uint32_t row_live[4];
   int64_t j = kbeg;
   while (j < kend) {
-    const int64_t off = j % S;
-    const int64_t n = std::min({C, S - off, kend - j});
-    const int64_t slot0 = static_cast<int64_t>(bt[j / S]) * S + off;
+    const int64_t n = std::min({C, S - j % S, kend - j});  // keys of this chunk, inside one block
+    const int64_t slot0 = kv.slot(j);
     if (j + n < kend) {
-      const int64_t jn = j + n, offn = jn % S, nn = std::min({C, S - offn, kend - jn});
-      const int64_t slotn = static_cast<int64_t>(bt[jn / S]) * S + offn;
-      prefetch_rows(k_head + slotn * key_stride, key_stride, nn, D);
-      prefetch_rows(v_head + slotn * key_stride, key_stride, nn, D);
+      const int64_t jn = j + n, nn = std::min({C, S - jn % S, kend - jn}), slotn = kv.slot(jn);
+      prefetch_rows(kv.k + kv.row(slotn), key_stride, nn, D);
+      prefetch_rows(kv.v + kv.row(slotn), key_stride, nn, D);
     }
-    const c10::BFloat16* k0 = k_head + slot0 * key_stride;
-    const c10::BFloat16* v0 = v_head + slot0 * key_stride;
+    const c10::BFloat16* k0 = kv.k + kv.row(slot0);
+    const c10::BFloat16* v0 = kv.v + kv.row(slot0);
     for (int64_t r0 = 0; r0 < R; r0 += 4) {
       const int nr = static_cast<int>(std::min<int64_t>(4, R - r0));
       uint32_t live = 0;
@@ -204,15 +205,14 @@ void scan_keys_bf16(const Rows& rows, const c10::BFloat16* k_head, const c10::BF
           _mm512_storeu_ps(p, _mm512_setzero_ps());
           continue;
         }
-        const float m_new = std::max(rows.m[r], cmax);
-        const float alpha = std::exp(rows.m[r] - m_new);  // 0 when m was -inf
-        const __m512 e = v::exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
+        OnlineSoftmax& st = rows.st[r];
+        const float alpha = st.rescale(cmax, std_exp);  // 0 when nothing was seen before
+        const __m512 e = v::exp16(_mm512_sub_ps(s, _mm512_set1_ps(st.shift())));
         _mm512_storeu_ps(p, e);
         float* acc = rows.acc + r * D;
         if (alpha != 1.f)
           for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
-        rows.l[r] = rows.l[r] * alpha + _mm512_reduce_add_ps(e);
-        rows.m[r] = m_new;
+        st.add(alpha, _mm512_reduce_add_ps(e));
         row_live[t] = ((1u << c1) - 1u) & ~((1u << c0) - 1u);
         live |= row_live[t];
       }
@@ -232,16 +232,15 @@ void scan_keys_bf16(const Rows& rows, const c10::BFloat16* k_head, const c10::BF
 #endif
 
 template <typename T>
-void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t* bt, int64_t S,
-               int64_t key_stride, int64_t kbeg, int64_t kend, Scratch& sc) {
-  const int64_t R = rows.R, D = rows.D;
+void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64_t kend, Scratch& sc) {
+  const int64_t R = rows.R, D = rows.D, S = kv.block_size, key_stride = kv.slot_stride;
 #if MK_CPU_ATTN_AVX512BF16
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (rows.qb != nullptr) {
+    if (rows.qb != nullptr) {  // D: multiples of 64 that the register tiles cover (QV = D/32)
       switch (D) {
-        case 64: return scan_keys_bf16<2>(rows, k_head, v_head, bt, S, key_stride, kbeg, kend, sc);
-        case 128: return scan_keys_bf16<4>(rows, k_head, v_head, bt, S, key_stride, kbeg, kend, sc);
-        case 256: return scan_keys_bf16<8>(rows, k_head, v_head, bt, S, key_stride, kbeg, kend, sc);
+        case 64: return scan_keys_bf16<2>(rows, kv, kbeg, kend, sc);
+        case 128: return scan_keys_bf16<4>(rows, kv, kbeg, kend, sc);
+        case 256: return scan_keys_bf16<8>(rows, kv, kbeg, kend, sc);
         default: break;
       }
     }
@@ -252,16 +251,14 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
   float* scores = sc.scores.data();
   int64_t j = kbeg;
   while (j < kend) {
-    const int64_t off = j % S;
-    const int64_t n = std::min({kChunk, S - off, kend - j});
-    const int64_t slot0 = static_cast<int64_t>(bt[j / S]) * S + off;
+    const int64_t n = std::min({kChunk, S - j % S, kend - j});  // keys of this chunk, inside one block
+    const int64_t slot0 = kv.slot(j);
     if (j + n < kend) {  // prefetch the next chunk while this one computes
-      const int64_t jn = j + n, offn = jn % S, nn = std::min({kChunk, S - offn, kend - jn});
-      const int64_t slotn = static_cast<int64_t>(bt[jn / S]) * S + offn;
-      prefetch_rows(k_head + slotn * key_stride, key_stride, nn, D);
-      prefetch_rows(v_head + slotn * key_stride, key_stride, nn, D);
+      const int64_t jn = j + n, nn = std::min({kChunk, S - jn % S, kend - jn}), slotn = kv.slot(jn);
+      prefetch_rows(kv.k + kv.row(slotn), key_stride, nn, D);
+      prefetch_rows(kv.v + kv.row(slotn), key_stride, nn, D);
     }
-    rows_as_float(k_head + slot0 * key_stride, key_stride, n, D, sc.kbuf.data(), kp);
+    rows_as_float(kv.k + kv.row(slot0), key_stride, n, D, sc.kbuf.data(), kp);
     bool any = false;
     for (int64_t r = 0; r < R; ++r) {
       float* s = scores + r * kChunk;
@@ -282,21 +279,21 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
         continue;
       }
       any = true;
-      const float m_new = std::max(rows.m[r], cmax);
-      const float alpha = std::exp(rows.m[r] - m_new);  // 0 when m was -inf
+      OnlineSoftmax& st = rows.st[r];
+      const float alpha = st.rescale(cmax, std_exp);  // 0 when nothing was seen before
       float* acc = rows.acc + r * D;
       if (alpha != 1.f)
         for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+      const float shift = st.shift();
       float sum = 0.f;
       for (int64_t c = 0; c < n; ++c) {
-        s[c] = exp_f(s[c] - m_new);  // vectorised polynomial exp; masked: exp(-inf) = 0
+        s[c] = exp_f(s[c] - shift);  // vectorised polynomial exp; masked: exp(-inf) = 0
         sum += s[c];
       }
-      rows.l[r] = rows.l[r] * alpha + sum;
-      rows.m[r] = m_new;
+      st.add(alpha, sum);
     }
     if (any) {
-      rows_as_float(v_head + slot0 * key_stride, key_stride, n, D, sc.vbuf.data(), vp);
+      rows_as_float(kv.v + kv.row(slot0), key_stride, n, D, sc.vbuf.data(), vp);
       for (int64_t r = 0; r < R; ++r) {
         accumulate_pv(rows.acc + r * D, scores + r * kChunk, vp, n, D);
       }
@@ -308,7 +305,7 @@ void scan_keys(const Rows& rows, const T* k_head, const T* v_head, const int32_t
 // out_row = acc / l (0 for a row that saw no key).
 template <typename T>
 inline void store_row(T* out, const float* acc, float l, int64_t D) {
-  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const float inv = OnlineSoftmax::normalizer(l);
   for (int64_t d = 0; d < D; ++d) out[d] = from_f<T>(acc[d] * inv);
 }
 

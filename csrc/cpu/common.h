@@ -1,4 +1,7 @@
-// cpu/common.h — helpers for the native CPU kernels: dtype dispatch (fp32, bf16), float conversion.
+// cpu/common.h — helpers for the native CPU kernels: dtype dispatch (fp32, bf16), float conversion, the
+// parallel grain, op registration. The CPU kernels may include framework-free headers of csrc/kernels
+// (common.cuh: the attention rules); csrc/cpu translation units are built with MK_ABI=abi_cpu
+// (CMakeLists.txt, csrc/abi.h), so those headers' symbols stay apart from the CUDA / emulated builds.
 #pragma once
 
 #include <ATen/Dispatch.h>
@@ -6,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <initializer_list>
@@ -35,7 +39,21 @@ template <> inline c10::BFloat16 from_f<c10::BFloat16>(float f) {
   return c10::BFloat16(static_cast<uint16_t>(nan ? 0x7fc0u : rounded), c10::BFloat16::from_bits());
 }
 
+// The grain of at::parallel_for (the least items per task): enough items that one task does about
+// kTaskWork units of work — a unit is one multiply-add or one byte moved — so that small problems run
+// inline instead of waking threads for nothing. at::parallel_for gives each thread one contiguous chunk
+// anyway; the grain only decides how small a range is still split. Example: rms_norm rows of H = 4096
+// (2 units per element: the sum of squares and the scaling) → 65536 / 8192 = 8 rows per task.
+inline constexpr int64_t kTaskWork = int64_t{1} << 16;
+inline int64_t parallel_grain(int64_t work_per_item, int64_t min_items = 1) {
+  return std::max<int64_t>(min_items, kTaskWork / std::max<int64_t>(1, work_per_item));
+}
+
 }  // namespace mk::cpu
+
+// One line of TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m): registers mk::cpu::<name> for op <name>.
+// Expand an op list with it (checks/<family>.h): TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_NORM_OPS(MK_IMPL_CPU) }
+#define MK_IMPL_CPU(name) m.impl(#name, &mk::cpu::name);
 
 // MK_CPU_DISPATCH(dtype, "op", [&] { ... scalar_t ... }) over float and bfloat16.
 #define MK_CPU_DISPATCH(TYPE, NAME, ...) \

@@ -158,8 +158,8 @@ void skinny_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
     out.zero_();
     return;
   }
-  // ~64 KiB of weights per task: enough work per task, enough tasks to balance.
-  const int64_t grain = std::max<int64_t>(16, (64 << 10) / (K * static_cast<int64_t>(x.element_size())));
+  // work per output column: the bytes of its weight row; at least 16 columns per task.
+  const int64_t grain = parallel_grain(K * static_cast<int64_t>(x.element_size()), 16);
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* wp = weight.const_data_ptr<scalar_t>();
@@ -171,4 +171,5 @@ void skinny_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
 }  // namespace
 }  // namespace mk::cpu
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { m.impl("skinny_linear", &mk::cpu::skinny_linear); }
+// CPU only (csrc/registration.cpp kCpuOnlySchemas): one op, no family list.
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_IMPL_CPU(skinny_linear) }

@@ -1,7 +1,8 @@
-// cpu/moe.cpp — native CPU top-k MoE: topk_softmax, moe_permute, moe_unpermute, fused_moe (fp32, bf16).
+// cpu/moe.cpp — native CPU top-k MoE (MK_MOE_OPS; fp32, bf16): topk_softmax, moe_permute, moe_unpermute,
+// fused_moe, moe_expert_ffn.
 // Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = T·k permuted rows.
 //
-// Index layout (the same on every backend; worked example in python/mistral_kernels/_ops_moe.py):
+// Index layout (the same on every backend; worked example in python/mistral_kernels/ops/moe.py):
 //   expert_offsets[e] .. expert_offsets[e+1]  rows of expert e in permuted_x, tokens in increasing order;
 //   inv_perm[t, j]                            the row of permuted_x holding x[t] for its j-th expert.
 // Everything is deterministic: the permutation is built by one serial counting-sort pass (O(T·k) integer
@@ -32,7 +33,8 @@ namespace {
 template <typename T>
 void topk_softmax_rows(const T* logits, float* weights, int32_t* ids, int64_t T_, int64_t E, int64_t k,
                        bool renormalize) {
-  at::parallel_for(0, T_, std::max<int64_t>(1, 8192 / (E * k)), [&](int64_t t0, int64_t t1) {
+  // work per token: the softmax over E, then k argmax passes over E
+  at::parallel_for(0, T_, parallel_grain(E * (k + 1)), [&](int64_t t0, int64_t t1) {
     std::vector<float> p(E);
     std::vector<char> used(E);
     for (int64_t t = t0; t < t1; ++t) {
@@ -87,7 +89,7 @@ void build_permutation(const int32_t* ids, int64_t n, int64_t E, int64_t* offset
 
 // permuted[inv_perm[f]] = x[f / k]
 void gather_rows(char* permuted, const char* x, const int32_t* inv_perm, int64_t n, int64_t k, int64_t row_bytes) {
-  at::parallel_for(0, n, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, row_bytes)), [&](int64_t f0, int64_t f1) {
+  at::parallel_for(0, n, parallel_grain(row_bytes), [&](int64_t f0, int64_t f1) {  // work: bytes copied
     for (int64_t f = f0; f < f1; ++f)
       std::memcpy(permuted + static_cast<int64_t>(inv_perm[f]) * row_bytes, x + (f / k) * row_bytes, row_bytes);
   });
@@ -109,7 +111,8 @@ void moe_permute(at::Tensor& permuted_x, at::Tensor& expert_offsets, at::Tensor&
 // out[t] = Σ_j w[t, j] · y[inv_perm[t, j]], fp32 accumulation in j order.
 template <typename T>
 void unpermute_rows(T* out, const T* y, const float* w, const int32_t* inv_perm, int64_t T_, int64_t k, int64_t H) {
-  at::parallel_for(0, T_, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, H * k)), [&](int64_t t0, int64_t t1) {
+  // work per token: k multiply-adds per output element
+  at::parallel_for(0, T_, parallel_grain(H * k), [&](int64_t t0, int64_t t1) {
     std::vector<float> acc(H);
     for (int64_t t = t0; t < t1; ++t) {
       std::fill(acc.begin(), acc.end(), 0.f);
@@ -156,7 +159,8 @@ void linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& w) {
 // act[r] = silu(gate[r]) * up[r] for rows [r0, r1), fp32 math, stored in T.
 template <typename T>
 void silu_mul_rows(T* act, const T* gate, const T* up, int64_t r0, int64_t r1, int64_t I) {
-  at::parallel_for(r0, r1, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, I)), [&](int64_t a, int64_t b) {
+  // work per row: 2 per output (silu, the product), as silu_and_mul
+  at::parallel_for(r0, r1, parallel_grain(2 * I), [&](int64_t a, int64_t b) {
     for (int64_t r = a; r < b; ++r)
       for (int64_t i = 0; i < I; ++i)  // silu_f: polynomial exp, the loop vectorises
         act[r * I + i] = from_f<T>(silu_f(to_f(gate[r * I + i])) * to_f(up[r * I + i]));
@@ -230,10 +234,4 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
 }  // namespace
 }  // namespace mk::cpu
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) {
-  m.impl("topk_softmax", &mk::cpu::topk_softmax);
-  m.impl("moe_permute", &mk::cpu::moe_permute);
-  m.impl("moe_unpermute", &mk::cpu::moe_unpermute);
-  m.impl("fused_moe", &mk::cpu::fused_moe);
-  m.impl("moe_expert_ffn", &mk::cpu::moe_expert_ffn);
-}
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_MOE_OPS(MK_IMPL_CPU) }

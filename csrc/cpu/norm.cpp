@@ -1,4 +1,4 @@
-// cpu/norm.cpp — native CPU rms_norm, fused_add_rms_norm, silu_and_mul (fp32, bf16).
+// cpu/norm.cpp — native CPU rms_norm, fused_add_rms_norm, silu_and_mul (MK_NORM_OPS; fp32, bf16).
 // Shapes: R rows, H hidden, I intermediate. Parallel over rows (at::parallel_for); inner loops are
 // plain fp32 loops the compiler vectorises. Same rounding as the CUDA kernels (csrc/kernels/norm.cuh):
 // the fused residual sum is rounded to the dtype once, stored, and that stored value is normalised.
@@ -14,12 +14,10 @@
 namespace mk::cpu {
 namespace {
 
-// Rows per parallel task: enough work (~32k elements) to amortise the task overhead.
-inline int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_elems)); }
-
 template <typename T, bool FUSED_ADD>
 void rms_norm_rows(T* out, T* residual, const T* x, const T* w, int64_t rows, int64_t H, float eps) {
-  at::parallel_for(0, rows, grain_rows(H), [&](int64_t r0, int64_t r1) {
+  // work per row: 2 per element (the sum of squares, the scaling)
+  at::parallel_for(0, rows, parallel_grain(2 * H), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * H;
       T* orow = out + r * H;
@@ -66,7 +64,8 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     scalar_t* op_ = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, grain_rows(I), [&](int64_t r0, int64_t r1) {
+    // work per row: 2 per output (silu, the product)
+    at::parallel_for(0, rows, parallel_grain(2 * I), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* a = xp + r * 2 * I;
         const scalar_t* b = a + I;
@@ -88,8 +87,4 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
 }  // namespace
 }  // namespace mk::cpu
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) {
-  m.impl("rms_norm", &mk::cpu::rms_norm);
-  m.impl("fused_add_rms_norm", &mk::cpu::fused_add_rms_norm);
-  m.impl("silu_and_mul", &mk::cpu::silu_and_mul);
-}
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_NORM_OPS(MK_IMPL_CPU) }

@@ -1,10 +1,15 @@
-// cpu/paged_attention.cpp — native CPU paged_decode_attention and paged_prefill_attention (fp32, bf16).
+// cpu/paged_attention.cpp — the native CPU paged KV cache and attention ops (MK_ATTENTION_OPS, fp32, bf16):
+// reshape_and_cache, paged_decode_attention, paged_prefill_attention.
 //
-// Shapes: B sequences, Tq packed query tokens, Hq / Hkv heads, G = Hq/Hkv (GQA group), D head_dim,
+// Shapes: T tokens, B sequences, Tq packed query tokens, Hq / Hkv heads, G = Hq/Hkv (GQA group), D head_dim,
 // N num_blocks, S block_size, M max_blocks, P split-K partitions.
-// Semantics (DESIGN.md §3): a query at position p sees keys j with max(0, p-W+1) ≤ j ≤ p (W = sliding
-// window, ≤ 0 = none); decode queries sit at seq_lens[b]-1; prefill's q_b new tokens are the last q_b
-// positions of sequence b. Rows that see no key produce 0.
+// Semantics (docs/design.md §3): a query at position p sees keys j with first_visible_key(p, W) ≤ j ≤ p
+// (csrc/kernels/common.cuh; W = sliding window, ≤ 0 = none); decode queries sit at seq_lens[b]-1;
+// prefill's q_b new tokens are the last q_b positions of sequence b. Rows that see no key produce 0.
+// Key j of sequence b is read through PagedCache::sequence / PagedKV::slot (common.cuh), as on the GPU.
+//
+// reshape_and_cache: k, v [T, Hkv, D] → k_cache, v_cache [N, S, Hkv, D] at slot_mapping[t] (int64 [T],
+// -1 skips the token). A pure copy: bit-exact. Parallel over tokens.
 //
 // Work split: parallel over (sequence, kv head[, partition / query tile]); the G q heads of one kv
 // head are processed together, so each K/V row is converted and read once per group (attention_core.h).
@@ -13,6 +18,8 @@
 // order afterwards. Partition boundaries depend only on the inputs, never on the thread count, so the
 // result is bit-identical run to run.
 #include <torch/library.h>
+
+#include <cstring>
 
 #include "../checks/attention.h"
 #include "attention_core.h"
@@ -26,18 +33,34 @@ constexpr int64_t kPrefillRows = 32;      // target query rows (tokens × group 
 
 inline int64_t ceil_div_i(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
 
-// Items per parallel task so that a task does at least ~64k multiply-adds: tiny problems (short
-// contexts, small models) run inline instead of paying a parallel region per layer.
-inline int64_t grain_for(int64_t work_per_item) {
-  constexpr int64_t kMinTaskWork = int64_t{1} << 16;
-  return std::max<int64_t>(1, kMinTaskWork / std::max<int64_t>(1, work_per_item));
+void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                       const at::Tensor& slot_mapping) {
+  constexpr const char* op = "reshape_and_cache";
+  require_cpu(op, "k", k);
+  check::reshape_and_cache_args(op, k, v, k_cache, v_cache, slot_mapping, kFloatTypes);
+  const int64_t T = k.size(0), es = k.element_size();
+  const int64_t row_bytes = k.size(1) * k.size(2) * es;  // one token: Hkv·D elements
+  const int64_t* slots = slot_mapping.const_data_ptr<int64_t>();
+  const char* kp = static_cast<const char*>(k.const_data_ptr());
+  const char* vp = static_cast<const char*>(v.const_data_ptr());
+  // The caches as N·S slots of row_bytes (slot_mapping holds the slots: no block table).
+  const PagedKV<char> cache{static_cast<char*>(k_cache.data_ptr()), static_cast<char*>(v_cache.data_ptr()), nullptr,
+                            row_bytes, static_cast<int>(k_cache.size(1)), static_cast<int>(k_cache.size(0))};
+  const int64_t ks = k.stride(0) * es, vs = v.stride(0) * es;
+  at::parallel_for(0, T, parallel_grain(2 * row_bytes), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t s = slots[t];
+      if (s < 0) continue;  // padding; the range was checked above
+      std::memcpy(cache.k + cache.row(s), kp + t * ks, row_bytes);
+      std::memcpy(cache.v + cache.row(s), vp + t * vs, row_bytes);
+    }
+  });
 }
 
 struct Geometry {
-  int64_t B, Hq, Hkv, G, D, S, M, key_stride;
+  int64_t B, Hq, Hkv, G, D;
   Geometry(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& block_tables)
-      : B(block_tables.size(0)), Hq(q.size(1)), Hkv(k_cache.size(2)), G(Hq / Hkv), D(q.size(2)),
-        S(k_cache.size(1)), M(block_tables.size(1)), key_stride(Hkv * D) {}
+      : B(block_tables.size(0)), Hq(q.size(1)), Hkv(k_cache.size(2)), G(Hq / Hkv), D(q.size(2)) {}
 };
 
 // Loads the G heads of kv head `kvh` of query token row `q_tok` (scaled, fp32) into rows [r0, r0+G).
@@ -63,75 +86,72 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
                  const at::Tensor& block_tables, const at::Tensor& seq_lens, float scale, int64_t window,
                  int64_t part) {
   const Geometry g(q, k_cache, block_tables);
+  const PagedCache<T> cache = check::paged_cache_of<T>(k_cache, v_cache, block_tables);
   const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
-  const int32_t* bt = block_tables.const_data_ptr<int32_t>();
   const T* qp = q.const_data_ptr<T>();
-  const T* kc = k_cache.const_data_ptr<T>();
-  const T* vc = v_cache.const_data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t q_stride = q.stride(0);
   int64_t P = 1, max_range = 0;
   for (int64_t b = 0; b < g.B; ++b) {
-    const int64_t L = sl[b], lo = check::first_visible_key(L - 1, window);
+    const int64_t L = sl[b], lo = first_visible_key(L - 1, window);
     P = std::max(P, ceil_div_i(L - lo, part));
     max_range = std::max(max_range, L - lo);
   }
-  // Split-K workspace (P > 1): per (b, kvh, partition) the G rows' m, l and unnormalised acc.
-  std::vector<float> ws_acc, ws_m, ws_l;
+  // Split-K workspace (P > 1): per (b, kvh, partition) the G rows' softmax states and unnormalised acc.
+  std::vector<float> ws_acc;
+  std::vector<OnlineSoftmax> ws_st;
   if (P > 1) {
     ws_acc.resize(g.B * g.Hkv * P * g.G * g.D);
-    ws_m.resize(g.B * g.Hkv * P * g.G);
-    ws_l.resize(g.B * g.Hkv * P * g.G);
+    ws_st.resize(g.B * g.Hkv * P * g.G);
   }
   const int64_t items = g.B * g.Hkv * P;
-  at::parallel_for(0, items, grain_for(std::min(max_range, part) * g.G * g.D), [&](int64_t i0, int64_t i1) {
+  // work per item: multiply-adds of a partition's scores (the P·V pass costs as much again)
+  at::parallel_for(0, items, parallel_grain(std::min(max_range, part) * g.G * g.D), [&](int64_t i0, int64_t i1) {
     attn::Scratch sc;
     sc.reserve(g.G, g.D);
-    std::vector<float> qbuf(g.G * g.D), acc(g.G * g.D), m(g.G), l(g.G);
+    std::vector<float> qbuf(g.G * g.D), acc(g.G * g.D);
+    std::vector<OnlineSoftmax> st(g.G);
     std::vector<T> qraw(g.G * g.D);
     std::vector<int64_t> lo(g.G), hi(g.G);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t p = it % P, kvh = (it / P) % g.Hkv, b = it / (P * g.Hkv);
-      const int64_t L = sl[b], first = check::first_visible_key(L - 1, window);
+      const int64_t L = sl[b], first = first_visible_key(L - 1, window);
       const int64_t kbeg = first + p * part, kend = std::min(L, kbeg + part);
-      attn::Rows rows{g.G, g.D, qbuf.data(), acc.data(), m.data(), l.data(), lo.data(), hi.data()};
+      attn::Rows rows{g.G, g.D, qbuf.data(), acc.data(), st.data(), lo.data(), hi.data()};
       attach_raw_q(rows, qraw, scale);
       rows.reset();
       if (kbeg < kend) {
         std::fill(lo.begin(), lo.end(), first);
         std::fill(hi.begin(), hi.end(), L);
         load_q_group(qp + b * q_stride, kvh, g.G, g.D, scale, qbuf.data(), qraw.data());
-        attn::scan_keys(rows, kc + kvh * g.D, vc + kvh * g.D, bt + b * g.M, g.S, g.key_stride, kbeg, kend, sc);
+        attn::scan_keys(rows, cache.sequence(b, static_cast<int>(kvh), static_cast<int>(g.D)), kbeg, kend, sc);
       }
       if (P == 1) {
         for (int64_t r = 0; r < g.G; ++r)
-          attn::store_row(op + b * g.Hq * g.D + (kvh * g.G + r) * g.D, acc.data() + r * g.D, l[r], g.D);
+          attn::store_row(op + b * g.Hq * g.D + (kvh * g.G + r) * g.D, acc.data() + r * g.D, st[r].l, g.D);
       } else {
         const int64_t w = it * g.G;  // == ((b*Hkv + kvh)*P + p) * G
         std::copy(acc.begin(), acc.end(), ws_acc.begin() + w * g.D);
-        std::copy(m.begin(), m.end(), ws_m.begin() + w);
-        std::copy(l.begin(), l.end(), ws_l.begin() + w);
+        std::copy(st.begin(), st.end(), ws_st.begin() + w);
       }
     }
   });
   if (P == 1) return;
-  // Merge the partitions of each (b, q head) in partition order.
-  at::parallel_for(0, g.B * g.Hq, grain_for(P * g.D), [&](int64_t i0, int64_t i1) {
+  // Merge the partitions of each (b, q head) in partition order (OnlineSoftmax's merge rule).
+  at::parallel_for(0, g.B * g.Hq, parallel_grain(P * g.D), [&](int64_t i0, int64_t i1) {
     std::vector<float> acc(g.D);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t b = it / g.Hq, h = it % g.Hq, kvh = h / g.G, r = h % g.G;
       auto idx = [&](int64_t p) { return ((b * g.Hkv + kvh) * P + p) * g.G + r; };
       float mx = attn::kNegInf;
-      for (int64_t p = 0; p < P; ++p) mx = std::max(mx, ws_m[idx(p)]);
+      for (int64_t p = 0; p < P; ++p) mx = std::max(mx, ws_st[idx(p)].m);
       std::fill(acc.begin(), acc.end(), 0.f);
       float l = 0.f;
-      if (mx != attn::kNegInf) {
-        for (int64_t p = 0; p < P; ++p) {
-          if (ws_l[idx(p)] == 0.f) continue;
-          const float w = std::exp(ws_m[idx(p)] - mx);
-          l += w * ws_l[idx(p)];
-          attn::axpy(acc.data(), w, ws_acc.data() + idx(p) * g.D, g.D);
-        }
+      for (int64_t p = 0; p < P; ++p) {
+        const float w = OnlineSoftmax::weight(ws_st[idx(p)].m, mx, attn::std_exp);
+        if (w == 0.f) continue;  // a partition that saw no key
+        l += w * ws_st[idx(p)].l;
+        attn::axpy(acc.data(), w, ws_acc.data() + idx(p) * g.D, g.D);
       }
       attn::store_row(op + it * g.D, acc.data(), l, g.D);
     }
@@ -143,12 +163,10 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
                   const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens,
                   float scale, int64_t window) {
   const Geometry g(q, k_cache, block_tables);
+  const PagedCache<T> cache = check::paged_cache_of<T>(k_cache, v_cache, block_tables);
   const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
   const int32_t* cu = cu_seqlens_q.const_data_ptr<int32_t>();
-  const int32_t* bt = block_tables.const_data_ptr<int32_t>();
   const T* qp = q.const_data_ptr<T>();
-  const T* kc = k_cache.const_data_ptr<T>();
-  const T* vc = v_cache.const_data_ptr<T>();
   T* op = out.data_ptr<T>();
   const int64_t q_stride = q.stride(0);
   const int64_t QT = std::max<int64_t>(1, kPrefillRows / g.G);  // query tokens per tile
@@ -160,11 +178,13 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   int64_t max_len = 0;
   for (int64_t b = 0; b < g.B; ++b) max_len = std::max<int64_t>(max_len, sl[b]);
   const int64_t keys = window > 0 ? std::min(max_len, window + QT) : max_len;  // upper bound per tile
-  at::parallel_for(0, items, grain_for(QT * g.G * keys * g.D), [&](int64_t i0, int64_t i1) {
+  // work per item: multiply-adds of a tile's scores
+  at::parallel_for(0, items, parallel_grain(QT * g.G * keys * g.D), [&](int64_t i0, int64_t i1) {
     const int64_t R = QT * g.G;
     attn::Scratch sc;
     sc.reserve(R, g.D);
-    std::vector<float> qbuf(R * g.D), acc(R * g.D), m(R), l(R);
+    std::vector<float> qbuf(R * g.D), acc(R * g.D);
+    std::vector<OnlineSoftmax> st(R);
     std::vector<T> qraw(R * g.D);
     std::vector<int64_t> lo(R), hi(R);
     for (int64_t it = i0; it < i1; ++it) {
@@ -176,18 +196,18 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
         const int64_t pos = L - qlen + t0 + i;
         load_q_group(qp + (cu[b] + t0 + i) * q_stride, kvh, g.G, g.D, scale, qbuf.data() + i * g.G * g.D,
                      qraw.data() + i * g.G * g.D);
-        std::fill(lo.begin() + i * g.G, lo.begin() + (i + 1) * g.G, check::first_visible_key(pos, window));
+        std::fill(lo.begin() + i * g.G, lo.begin() + (i + 1) * g.G, first_visible_key(pos, window));
         std::fill(hi.begin() + i * g.G, hi.begin() + (i + 1) * g.G, pos + 1);
       }
-      attn::Rows rows{nrows, g.D, qbuf.data(), acc.data(), m.data(), l.data(), lo.data(), hi.data()};
+      attn::Rows rows{nrows, g.D, qbuf.data(), acc.data(), st.data(), lo.data(), hi.data()};
       attach_raw_q(rows, qraw, scale);
       rows.reset();
-      attn::scan_keys(rows, kc + kvh * g.D, vc + kvh * g.D, bt + b * g.M, g.S, g.key_stride, lo[0],
-                      hi[nrows - 1], sc);
+      attn::scan_keys(rows, cache.sequence(b, static_cast<int>(kvh), static_cast<int>(g.D)), lo[0], hi[nrows - 1],
+                      sc);
       for (int64_t i = 0; i < nq; ++i)
         for (int64_t r = 0; r < g.G; ++r)
           attn::store_row(op + ((cu[b] + t0 + i) * g.Hq + kvh * g.G + r) * g.D, acc.data() + (i * g.G + r) * g.D,
-                          l[i * g.G + r], g.D);
+                          st[i * g.G + r].l, g.D);
     }
   });
 }
@@ -199,11 +219,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
   require_cpu(op, "q", q);
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, kFloatTypes, false);
   TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
-  const int64_t B = seq_lens.size(0);
-  std::vector<int64_t> first(B);
-  const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
-  for (int64_t b = 0; b < B; ++b) first[b] = check::first_visible_key(sl[b] - 1, sliding_window);
-  check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, first.data());
+  check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window);
   if (out.numel() == 0) return;
   const int64_t part = partition_size > 0 ? partition_size : kAutoPartition;
   MK_CPU_DISPATCH(q.scalar_type(), op, [&] {
@@ -221,13 +237,7 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Ten
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, kFloatTypes, false);
   check::prefill_shape_args(op, q, cu_seqlens_q, seq_lens);
   check::cu_seqlens_cpu(op, cu_seqlens_q, seq_lens, q.size(0));
-  const int64_t B = seq_lens.size(0);
-  std::vector<int64_t> first(B);
-  const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
-  const int32_t* cu = cu_seqlens_q.const_data_ptr<int32_t>();
-  for (int64_t b = 0; b < B; ++b)
-    first[b] = check::first_visible_key(sl[b] - (cu[b + 1] - cu[b]), sliding_window);
-  check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, first.data());
+  check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window, cu_seqlens_q);
   if (out.numel() == 0) return;
   MK_CPU_DISPATCH(q.scalar_type(), op, [&] {
     prefill_impl<scalar_t>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
@@ -238,7 +248,4 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Ten
 }  // namespace
 }  // namespace mk::cpu
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) {
-  m.impl("paged_decode_attention", &mk::cpu::paged_decode_attention);
-  m.impl("paged_prefill_attention", &mk::cpu::paged_prefill_attention);
-}
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_ATTENTION_OPS(MK_IMPL_CPU) }

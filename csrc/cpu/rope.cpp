@@ -1,4 +1,4 @@
-// cpu/rope.cpp — native CPU rotary_embedding (fp32, bf16), in place on q and k.
+// cpu/rope.cpp — native CPU rotary_embedding (MK_ROPE_OPS; fp32, bf16), in place on q and k.
 // Shapes: T tokens, Hq / Hkv heads, D head_dim, R rot_dim, P max positions. Layouts and the
 // rotation formula: see csrc/kernels/rope.cuh. Parallel over tokens.
 #include <torch/library.h>
@@ -26,14 +26,14 @@ template <typename T, bool NEOX>
 void rope_tokens(const int64_t* pos, T* q, T* k, const float* cos_sin, int64_t T_, int64_t qs, int64_t ks,
                  int64_t Hq, int64_t Hkv, int64_t D, int64_t R) {
   const int64_t half = R / 2;
-  at::parallel_for(0, T_, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, (Hq + Hkv) * half)),
-                   [&](int64_t t0, int64_t t1) {
-                     for (int64_t t = t0; t < t1; ++t) {
-                       const float* cos = cos_sin + pos[t] * R;
-                       rotate_heads<T, NEOX>(q + t * qs, Hq, D, half, cos, cos + half);
-                       rotate_heads<T, NEOX>(k + t * ks, Hkv, D, half, cos, cos + half);
-                     }
-                   });
+  // work per token: 4 multiply-adds per rotated pair
+  at::parallel_for(0, T_, parallel_grain(4 * (Hq + Hkv) * half), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* cos = cos_sin + pos[t] * R;
+      rotate_heads<T, NEOX>(q + t * qs, Hq, D, half, cos, cos + half);
+      rotate_heads<T, NEOX>(k + t * ks, Hkv, D, half, cos, cos + half);
+    }
+  });
 }
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k, const at::Tensor& cos_sin_cache,
@@ -54,4 +54,4 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
 }  // namespace
 }  // namespace mk::cpu
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { m.impl("rotary_embedding", &mk::cpu::rotary_embedding); }
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_ROPE_OPS(MK_IMPL_CPU) }

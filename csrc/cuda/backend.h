@@ -7,7 +7,9 @@
 
 #include <initializer_list>
 
-namespace mk::backend {
+#include "../abi.h"
+
+namespace mk::inline MK_ABI::backend {
 
 inline constexpr const char* kName = "cuda";
 inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kHalf, at::kBFloat16};
@@ -23,4 +25,4 @@ struct Context {
   cudaStream_t stream() const { return c10::cuda::getCurrentCUDAStream(); }
 };
 
-}  // namespace mk::backend
+}  // namespace mk::inline MK_ABI::backend

@@ -1,13 +1,8 @@
-// cuda/moe.cu — registers the CUDA kernels of topk_softmax, moe_permute, moe_unpermute, fused_moe.
+// cuda/moe.cu — registers the CUDA kernels of the moe ops (MK_MOE_OPS, csrc/checks/moe.h; glue:
+// csrc/glue/moe.h).
 #include "backend.h"
 #include "../glue/moe.h"
 
 #include <torch/library.h>
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) {
-  m.impl("topk_softmax", &mk::glue::topk_softmax);
-  m.impl("moe_permute", &mk::glue::moe_permute);
-  m.impl("moe_unpermute", &mk::glue::moe_unpermute);
-  m.impl("fused_moe", &mk::glue::fused_moe);
-  m.impl("moe_expert_ffn", &mk::glue::moe_expert_ffn);
-}
+TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) { MK_MOE_OPS(MK_IMPL_GLUE) }

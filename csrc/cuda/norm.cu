@@ -1,11 +1,8 @@
-// cuda/norm.cu — registers the CUDA kernels of rms_norm, fused_add_rms_norm, silu_and_mul.
+// cuda/norm.cu — registers the CUDA kernels of the norm ops (MK_NORM_OPS, csrc/checks/norm.h; glue:
+// csrc/glue/norm.h).
 #include "backend.h"
 #include "../glue/norm.h"
 
 #include <torch/library.h>
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) {
-  m.impl("rms_norm", &mk::glue::rms_norm);
-  m.impl("fused_add_rms_norm", &mk::glue::fused_add_rms_norm);
-  m.impl("silu_and_mul", &mk::glue::silu_and_mul);
-}
+TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) { MK_NORM_OPS(MK_IMPL_GLUE) }

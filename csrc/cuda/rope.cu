@@ -1,7 +1,8 @@
-// cuda/rope.cu — registers the CUDA kernel of rotary_embedding.
+// cuda/rope.cu — registers the CUDA kernels of the rope ops (MK_ROPE_OPS, csrc/checks/rope.h; glue:
+// csrc/glue/rope.h).
 #include "backend.h"
 #include "../glue/rope.h"
 
 #include <torch/library.h>
 
-TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) { m.impl("rotary_embedding", &mk::glue::rotary_embedding); }
+TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) { MK_ROPE_OPS(MK_IMPL_GLUE) }

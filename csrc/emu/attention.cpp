@@ -1,12 +1,8 @@
-// emu/attention.cpp — the CUDA kernels of reshape_and_cache, paged_decode_attention and
-// paged_prefill_attention run by the SIMT emulator on CPU tensors (glue: csrc/glue/attention.h).
+// emu/attention.cpp — registers the CUDA kernels of the attention ops (MK_ATTENTION_OPS, csrc/checks/attention.h; glue:
+// csrc/glue/attention.h) run by the SIMT emulator on CPU tensors, in namespace mistral_kernels_emu.
 #include "backend.h"
 #include "../glue/attention.h"
 
 #include <torch/library.h>
 
-TORCH_LIBRARY_IMPL(mistral_kernels_emu, CPU, m) {
-  m.impl("reshape_and_cache", &mk::glue::reshape_and_cache);
-  m.impl("paged_decode_attention", &mk::glue::paged_decode_attention);
-  m.impl("paged_prefill_attention", &mk::glue::paged_prefill_attention);
-}
+TORCH_LIBRARY_IMPL(mistral_kernels_emu, CPU, m) { MK_ATTENTION_OPS(MK_IMPL_GLUE) }

@@ -1,21 +1,17 @@
 // emu/backend.h — what the shared glue (csrc/glue/*.h) needs from the SIMT-emulated backend:
-// CPU tensors, the kernels of csrc/kernels/*.cuh run by csrc/simt/emu.h.
+// CPU tensors, the kernels of csrc/kernels/*.cuh run by csrc/simt/emu.h. The emulated and the CUDA
+// builds of the same kernels and glue live side by side in _C.so, apart by their inline namespace
+// (csrc/abi.h: mk::abi_emu here, mk::abi_cuda there).
 #pragma once
-
-// csrc/emu and csrc/cuda compile the same kernels, launchers and glue (inline functions and templates of
-// namespace mk, with backend-specific bodies) into the same _C.so. Renaming the namespace in the emulated
-// translation units keeps the two sets of symbols apart; otherwise the linker would merge same-named
-// definitions of both backends into one (an ODR violation) or reject duplicate kernel stubs.
-// Include this header first in every csrc/emu/*.cpp.
-#define mk mk_emu
 
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
 
+#include "../abi.h"
 #include "../simt/portable.cuh"
 
-namespace mk::backend {
+namespace mk::inline MK_ABI::backend {
 
 inline constexpr const char* kName = "emulated CUDA";
 inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kHalf, at::kBFloat16};
@@ -30,4 +26,4 @@ struct Context {
   cudaStream_t stream() const { return nullptr; }
 };
 
-}  // namespace mk::backend
+}  // namespace mk::inline MK_ABI::backend

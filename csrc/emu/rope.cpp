@@ -1,7 +1,8 @@
-// emu/rope.cpp — the CUDA kernel of rotary_embedding run by the SIMT emulator on CPU tensors.
+// emu/rope.cpp — registers the CUDA kernels of the rope ops (MK_ROPE_OPS, csrc/checks/rope.h; glue:
+// csrc/glue/rope.h) run by the SIMT emulator on CPU tensors, in namespace mistral_kernels_emu.
 #include "backend.h"
 #include "../glue/rope.h"
 
 #include <torch/library.h>
 
-TORCH_LIBRARY_IMPL(mistral_kernels_emu, CPU, m) { m.impl("rotary_embedding", &mk::glue::rotary_embedding); }
+TORCH_LIBRARY_IMPL(mistral_kernels_emu, CPU, m) { MK_ROPE_OPS(MK_IMPL_GLUE) }

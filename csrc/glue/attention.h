@@ -6,8 +6,6 @@
 
 #include <ATen/ops/empty.h>
 
-#include <vector>
-
 #include "../checks/attention.h"
 #include "../kernels/kv_cache.cuh"
 #include "../kernels/paged_decode.cuh"
@@ -15,13 +13,18 @@
 #include "../kernels/paged_prefill_tc.cuh"
 #include "common.h"
 
-namespace mk::glue {
+namespace mk::inline MK_ABI::glue {
 
 inline void check_attention_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err != cudaErrorMisalignedAddress, op,
               ": k_cache, v_cache (and for prefill q's rows and token stride) must be 16-byte aligned for the "
               "vectorised kernels; pass tensors allocated by torch (not offset views)");
   check_launch(err, op);
+}
+
+// The kernels' window: effective_window of the block tables' capacity (M·S keys).
+inline int kernel_window(int64_t sliding_window, const at::Tensor& k_cache, const at::Tensor& block_tables) {
+  return static_cast<int>(effective_window(sliding_window, block_tables.size(1) * k_cache.size(1)));
 }
 
 inline void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
@@ -31,10 +34,13 @@ inline void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tens
   check::reshape_and_cache_args(op, k, v, k_cache, v_cache, slot_mapping, backend::kFloatTypes);
   backend::Context ctx(k);
   MK_DISPATCH_FLOAT(k.scalar_type(), op, [&] {
-    check_launch(launch_reshape_and_cache(kptr<scalar_t>(k), kptr<scalar_t>(v), kptr<scalar_t>(k_cache),
-                                          kptr<scalar_t>(v_cache), slot_mapping.const_data_ptr<int64_t>(), k.size(0),
-                                          k.stride(0), v.stride(0), k.size(1) * k.size(2),
-                                          k_cache.size(0) * k_cache.size(1), ctx.stream()),
+    // The whole cache as slots of Hkv·D elements (no block table: slot_mapping holds the slots).
+    const PagedKV<kernel_t<scalar_t>> cache{kptr<scalar_t>(k_cache), kptr<scalar_t>(v_cache), nullptr,
+                                            k.size(1) * k.size(2), static_cast<int>(k_cache.size(1)),
+                                            static_cast<int>(k_cache.size(0))};
+    check_launch(launch_reshape_and_cache(kptr<scalar_t>(k), kptr<scalar_t>(v), cache,
+                                          slot_mapping.const_data_ptr<int64_t>(), k.size(0), k.stride(0), v.stride(0),
+                                          ctx.stream()),
                  op);
   });
 }
@@ -48,14 +54,9 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, backend::kFloatTypes,
                                true);
   TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
-  const int64_t B = seq_lens.size(0);
-  if (seq_lens.device().is_cpu()) {  // emulated backend: index contents checked here (CUDA: by the wrapper)
-    std::vector<int64_t> first(B);
-    const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
-    for (int64_t b = 0; b < B; ++b) first[b] = check::first_visible_key(sl[b] - 1, sliding_window);
-    check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, first.data());
-  }
+  check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window);  // emulated (CPU) index tensors
   if (out.numel() == 0) return;
+  const int64_t B = seq_lens.size(0);
   const int64_t part = partition_size > 0 ? partition_size : kDecodeAutoPartition;
   const int64_t capacity = block_tables.size(1) * k_cache.size(1);
   const int64_t P = decode_num_partitions(capacity, sliding_window, part);
@@ -67,13 +68,9 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
   }
   backend::Context ctx(q);
   MK_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
-    using K = kernel_t<scalar_t>;
-    DecodeParams<K> p{};
+    DecodeParams<kernel_t<scalar_t>> p{check::paged_cache_of<kernel_t<scalar_t>>(k_cache, v_cache, block_tables)};
     p.out = kptr<scalar_t>(out);
     p.q = kptr<scalar_t>(q);
-    p.k_cache = kptr<scalar_t>(k_cache);
-    p.v_cache = kptr<scalar_t>(v_cache);
-    p.block_tables = block_tables.const_data_ptr<int32_t>();
     p.seq_lens = seq_lens.const_data_ptr<int32_t>();
     if (P > 1) {
       p.part_out = part_out.data_ptr<float>();
@@ -83,11 +80,7 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
     p.q_stride = q.stride(0);
     p.B = static_cast<int>(B);
     p.Hq = static_cast<int>(Hq);
-    p.Hkv = static_cast<int>(k_cache.size(2));
-    p.S = static_cast<int>(k_cache.size(1));
-    p.M = static_cast<int>(block_tables.size(1));
-    p.N = static_cast<int>(k_cache.size(0));
-    p.window = static_cast<int>(sliding_window > 0 && sliding_window < capacity ? sliding_window : 0);
+    p.window = kernel_window(sliding_window, k_cache, block_tables);
     p.part_size = static_cast<int>(part);
     p.P = static_cast<int>(P);
     p.scale = static_cast<float>(scale);
@@ -104,36 +97,20 @@ inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const 
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, backend::kFloatTypes,
                                true);
   check::prefill_shape_args(op, q, cu_seqlens_q, seq_lens);
-  const int64_t B = seq_lens.size(0);
-  if (seq_lens.device().is_cpu()) {  // emulated backend
-    check::cu_seqlens_cpu(op, cu_seqlens_q, seq_lens, q.size(0));
-    std::vector<int64_t> first(B);
-    const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
-    const int32_t* cu = cu_seqlens_q.const_data_ptr<int32_t>();
-    for (int64_t b = 0; b < B; ++b) first[b] = check::first_visible_key(sl[b] - (cu[b + 1] - cu[b]), sliding_window);
-    check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, first.data());
-  }
+  check::cu_seqlens_cpu(op, cu_seqlens_q, seq_lens, q.size(0));  // emulated (CPU) index tensors
+  check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window, cu_seqlens_q);
   if (out.numel() == 0) return;
+  const int64_t B = seq_lens.size(0);
   backend::Context ctx(q);
   MK_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
-    using K = kernel_t<scalar_t>;
-    PrefillParams<K> p{};
+    PrefillParams<kernel_t<scalar_t>> p{check::paged_cache_of<kernel_t<scalar_t>>(k_cache, v_cache, block_tables)};
     p.out = kptr<scalar_t>(out);
     p.q = kptr<scalar_t>(q);
-    p.k_cache = kptr<scalar_t>(k_cache);
-    p.v_cache = kptr<scalar_t>(v_cache);
-    p.block_tables = block_tables.const_data_ptr<int32_t>();
     p.cu_seqlens_q = cu_seqlens_q.const_data_ptr<int32_t>();
     p.seq_lens = seq_lens.const_data_ptr<int32_t>();
     p.q_stride = q.stride(0);
     p.Hq = static_cast<int>(q.size(1));
-    p.Hkv = static_cast<int>(k_cache.size(2));
-    p.S = static_cast<int>(k_cache.size(1));
-    p.M = static_cast<int>(block_tables.size(1));
-    p.N = static_cast<int>(k_cache.size(0));
-    // a window covering the whole block table is no window (and keeps the value within int)
-    const int64_t capacity = block_tables.size(1) * k_cache.size(1);
-    p.window = static_cast<int>(sliding_window > 0 && sliding_window < capacity ? sliding_window : 0);
+    p.window = kernel_window(sliding_window, k_cache, block_tables);
     p.scale = static_cast<float>(scale);
     // fp16 / bf16: the tensor-core kernel (paged_prefill_tc.cuh); fp32 and its fallback rule: the SIMT one
     const int D = static_cast<int>(q.size(2));
@@ -144,4 +121,4 @@ inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const 
   });
 }
 
-}  // namespace mk::glue
+}  // namespace mk::inline MK_ABI::glue

@@ -1,6 +1,7 @@
 // glue/common.h — torch ↔ kernel plumbing shared by the CUDA (csrc/cuda) and emulated (csrc/emu)
 // backends. Include the backend's backend.h first; it provides mk::backend::{Context, require_device,
-// kFloatTypes}.
+// kFloatTypes}. glue/<family>.h defines one function per op of MK_<FAMILY>_OPS (checks/<family>.h),
+// named after it: mk::glue::rms_norm, ...
 #pragma once
 
 #include <ATen/Dispatch.h>
@@ -9,7 +10,7 @@
 #include "../checks/common.h"
 #include "../simt/portable.cuh"
 
-namespace mk::glue {
+namespace mk::inline MK_ABI::glue {
 
 // at:: scalar type → the type the kernels are instantiated with.
 template <typename S> struct KernelType;
@@ -27,7 +28,11 @@ inline void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
-}  // namespace mk::glue
+}  // namespace mk::inline MK_ABI::glue
+
+// One line of TORCH_LIBRARY_IMPL(<library>, <key>, m): registers mk::glue::<name> for op <name>.
+// Expand an op list with it: TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) { MK_NORM_OPS(MK_IMPL_GLUE) }
+#define MK_IMPL_GLUE(name) m.impl(#name, &mk::glue::name);
 
 // MK_DISPATCH_FLOAT(dtype, "op", [&] { ... scalar_t ... }) over float, half, bfloat16.
 #define MK_DISPATCH_FLOAT(TYPE, NAME, ...)                       \

@@ -1,4 +1,5 @@
-// glue/moe.h — topk_softmax, moe_permute, moe_unpermute, fused_moe for the CUDA and emulated backends.
+// glue/moe.h — topk_softmax, moe_permute, moe_unpermute, fused_moe, moe_expert_ffn for the CUDA and emulated
+// backends.
 // Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = T·k permuted rows.
 //
 // fused_moe composes the kernels without a host sync (the expert offsets never leave the device):
@@ -22,7 +23,7 @@
 #include "../kernels/moe_router.cuh"
 #include "common.h"
 
-namespace mk::glue {
+namespace mk::inline MK_ABI::glue {
 
 namespace moe_detail {
 
@@ -186,4 +187,4 @@ inline void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const 
   });
 }
 
-}  // namespace mk::glue
+}  // namespace mk::inline MK_ABI::glue

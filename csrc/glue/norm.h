@@ -7,7 +7,7 @@
 #include "../kernels/norm.cuh"
 #include "common.h"
 
-namespace mk::glue {
+namespace mk::inline MK_ABI::glue {
 
 // out [..., H] = rms_norm(x [..., H]) * weight [H]
 inline void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -57,4 +57,4 @@ inline void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
   });
 }
 
-}  // namespace mk::glue
+}  // namespace mk::inline MK_ABI::glue

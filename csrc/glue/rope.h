@@ -6,7 +6,7 @@
 #include "../kernels/rope.cuh"
 #include "common.h"
 
-namespace mk::glue {
+namespace mk::inline MK_ABI::glue {
 
 // In place on q [T, Hq, D] and k [T, Hkv, D]; positions int64 [T]; cos_sin_cache fp32 [P, R].
 inline void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
@@ -26,4 +26,4 @@ inline void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Ten
   });
 }
 
-}  // namespace mk::glue
+}  // namespace mk::inline MK_ABI::glue

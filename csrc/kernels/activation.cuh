@@ -7,9 +7,10 @@
 // Bound: memory, 3·R·I·sizeof(T) bytes.
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
@@ -42,4 +43,4 @@ cudaError_t launch_silu_and_mul(T* out, const T* x, int64_t rows, int64_t I, cud
   return simt::launch(silu_and_mul_kernel<T, 1>, grid, dim3(threads), 0, stream, out, x, I);
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

@@ -15,9 +15,10 @@
 // (memory-bound, ~N·K·sizeof(T) per group hit); for prefill it reaches a fraction of the FMA peak.
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 inline constexpr int kGemmThreads = 256;
 inline constexpr int kGemmBK = 32;
@@ -118,4 +119,4 @@ cudaError_t launch_grouped_gemm_nt(T* C, int64_t ldc, const T* A, int64_t lda, c
   return go(grouped_gemm_nt_kernel<T, 64, BN>, 64);
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

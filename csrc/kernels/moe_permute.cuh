@@ -3,7 +3,7 @@
 // Shapes: T tokens, H hidden, E experts, k top-k, n = T·k flat entries f = t·k + j, M rows of expert_out.
 //   permute:   x [T, H], ids int32 [T, k]  →  permuted [n, H], offsets int64 [E+1], inv_perm int32 [T, k]
 //   unpermute: y [M, H], w fp32 [T, k], inv_perm  →  out [T, H] = Σ_j w[t, j] · y[inv_perm[t, j]]
-// Layout (worked example in python/mistral_kernels/_ops_moe.py): rows grouped by expert, inside an
+// Layout (worked example in python/mistral_kernels/ops/moe.py): rows grouped by expert, inside an
 // expert in increasing f (hence token) order. Deterministic without atomics, in three kernels:
 //   1. rank:    the entries are cut into chunks of 32 (one warp each). Lane i learns, by 32 shuffles,
 //               rank[f] = #{earlier lanes with the same id} and the chunk's count of its id; the first
@@ -17,9 +17,10 @@
 // Bound: memory, 2·n·H·sizeof(T) bytes for the copy; the index kernels move O(n + (n/32)·E) ints.
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 inline constexpr int kPermuteChunk = 32;      // entries per warp in the rank kernel
 inline constexpr int kPermuteMaxExperts = 4096;  // scan kernel: E int64 totals in shared memory
@@ -158,4 +159,4 @@ cudaError_t launch_moe_unpermute(T* out, const T* y, const float* w, const int32
   return simt::launch(moe_unpermute_kernel<T, 1>, grid, block, 0, stream, out, y, w, inv_perm, k, H, M);
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

@@ -12,9 +12,10 @@
 // Bound: memory, T·E·sizeof(T) bytes read — negligible next to the expert GEMMs.
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 inline constexpr int kRouterWarps = 4;
 inline constexpr int kRouterMaxExperts = 4096;  // general path: kRouterWarps·E floats of shared memory
@@ -113,4 +114,4 @@ cudaError_t launch_topk_softmax(float* weights, int32_t* ids, const T* logits, i
                       k, renormalize);
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

@@ -13,9 +13,10 @@
 // x hits L1/L2), fused moves 4·R·H·sizeof(T) — at 2 TB/s (A100) a 4096-wide bf16 row costs ~8 ns.
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 template <typename T, int VEC, bool FUSED_ADD>
 __global__ void __launch_bounds__(1024)
@@ -76,4 +77,4 @@ cudaError_t launch_rms_norm(T* out, T* residual, const T* x, const T* weight, in
   return simt::launch(rms_norm_kernel<T, 1, FUSED_ADD>, grid, block, 0, stream, out, residual, x, weight, H, eps);
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

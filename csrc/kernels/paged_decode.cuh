@@ -8,14 +8,14 @@
 //   k_cache / v_cache [N, S, Hkv, D], block_tables int32 [B, M], seq_lens int32 [B],
 //   split-K workspace (P > 1): part_out f32 [B, Hq, P, D], part_m / part_l f32 [B, Hq, P].
 // The query of sequence b sits at pos = seq_lens[b]-1 and sees keys first ≤ j ≤ pos with
-// first = max(0, pos-W+1) (W = window, ≤ 0: none). Partition z covers keys [first + z·PS, first + (z+1)·PS).
+// first = first_visible_key(pos, W) (common.cuh). Partition z covers keys [first + z·PS, first + (z+1)·PS).
 //
 // Grid (Hkv·ceil(G/GC), B, P), 4 warps. Each block streams its partition's K/V rows ONCE for all GC q
 // heads of its kv head (native GQA: q heads held in registers). Within a warp, a key is handled by TPK
 // lanes (TPK = D/VEC rounded up to a power of two), each loading 16-byte vectors (VEC = 16/sizeof(T)
 // elements) of K and V, so a warp reads 32/TPK whole rows per step and the 4 warps interleave steps:
 // fully coalesced, no shared memory or barrier in the main loop. Every lane group keeps its own
-// online-softmax state (running max m, sum l, accumulator acc, fp32); the states are merged with
+// online-softmax state (OnlineSoftmax: running max m, sum l; accumulator acc, fp32); the states are merged with
 // shuffles across groups, then across warps through shared memory — a fixed order, so the result is
 // bit-identical run to run. With P > 1 each block writes its normalised partial output and (m, l);
 // paged_decode_reduce_kernel merges the P partials in partition order.
@@ -29,34 +29,33 @@
 // when B·Hkv alone would not fill the GPU.
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int64_t kDecodeAutoPartition = 512;  // keys per partition when the caller passes 0
 
 // Partitions needed for the longest possible visible range (block-table capacity, or the window).
 // Host-side, from shapes only: no device sync.
-__host__ __device__ __forceinline__ int64_t decode_num_partitions(int64_t capacity, int64_t window,
-                                                                  int64_t part_size) {
-  const int64_t range = window > 0 && window < capacity ? window : capacity;
+MK_HD int64_t decode_num_partitions(int64_t capacity, int64_t window, int64_t part_size) {
+  const int64_t w = effective_window(window, capacity), range = w > 0 ? w : capacity;
   return range <= part_size ? 1 : ceil_div(range, part_size);
 }
 
+// The cache fields (k_cache, v_cache, block_tables, Hkv, S, M, N) come from PagedCache; window is
+// effective_window(W, M·S).
 template <typename T>
-struct DecodeParams {
+struct DecodeParams : PagedCache<T> {
   T* out;
   const T* q;
-  const T* k_cache;
-  const T* v_cache;
-  const int32_t* block_tables;
   const int32_t* seq_lens;
   float* part_out;  // [B, Hq, P, D]   (P > 1 only)
   float* part_m;    // [B, Hq, P]
   float* part_l;    // [B, Hq, P]
   int64_t q_stride;
-  int B, Hq, Hkv, S, M, N, window, part_size, P;
+  int B, Hq, window, part_size, P;
   float scale;
 };
 
@@ -79,6 +78,7 @@ paged_decode_kernel(const DecodeParams<T> p) {
   using V = Vec<T, Lay::VEC>;
   constexpr int NW = kDecodeWarps, VEC = Lay::VEC, VPL = Lay::VPL, TPK = Lay::TPK, KPW = Lay::KPW;
   constexpr float kNegInf = -INFINITY;
+  const auto fast_exp = [](float x) { return __expf(x); };
   __shared__ float s_acc[NW][GC][D];
   __shared__ float s_m[NW][GC];
   __shared__ float s_l[NW][GC];
@@ -91,15 +91,14 @@ paged_decode_kernel(const DecodeParams<T> p) {
   const int nh = min(GC, kvh * G + G - h0);             // q heads of this block that exist
   const int b = blockIdx.y, part = blockIdx.z;
   const int64_t len = p.seq_lens[b];
-  const int64_t first = p.window > 0 && len > p.window ? len - p.window : 0;
+  const int64_t first = first_visible_key(len - 1, p.window);
   const int64_t kbeg = first + static_cast<int64_t>(part) * p.part_size;
   const int64_t kend = min(len, kbeg + p.part_size);
 
-  float q[GC][VPL][VEC], acc[GC][VPL][VEC], m[GC], l[GC];
+  float q[GC][VPL][VEC], acc[GC][VPL][VEC];
+  OnlineSoftmax st[GC];
 #pragma unroll
   for (int g = 0; g < GC; ++g) {
-    m[g] = kNegInf;
-    l[g] = 0.f;
 #pragma unroll
     for (int i = 0; i < VPL; ++i) {
       const int v = sub + i * TPK;
@@ -114,27 +113,22 @@ paged_decode_kernel(const DecodeParams<T> p) {
     }
   }
 
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.M;
-  const int64_t row = static_cast<int64_t>(p.Hkv) * D;
+  const PagedKV<const T> kv = p.sequence(b, kvh, D);
   // j0 is uniform across the warp: every lane runs the same iterations (full-warp shuffles inside).
   for (int64_t j0 = kbeg + warp * KPW; j0 < kend; j0 += NW * KPW) {
     const int64_t j = j0 + kslot;
-    bool valid = j < kend;
-    int64_t base = 0;
-    if (valid) {
-      const int32_t blk = bt[j / p.S];
-      valid = blk >= 0 && blk < p.N;  // the host validated the ids; never read out of bounds anyway
-      base = (static_cast<int64_t>(blk) * p.S + j % p.S) * row + static_cast<int64_t>(kvh) * D;
-    }
-    V kv[VPL];
+    const int64_t slot = j < kend ? kv.slot(j) : -1;  // -1 for block ids outside [0, N) too
+    const bool valid = slot >= 0;
+    const int64_t base = valid ? kv.row(slot) : 0;
+    V kr[VPL];
 #pragma unroll
     for (int i = 0; i < VPL; ++i) {
       const int v = sub + i * TPK;
       if (valid && v < Lay::NV) {
-        kv[i] = *reinterpret_cast<const V*>(p.k_cache + base + v * VEC);
+        kr[i] = *reinterpret_cast<const V*>(kv.k + base + v * VEC);
       } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) kv[i].v[e] = simt::from_float<T>(0.f);
+        for (int e = 0; e < VEC; ++e) kr[i].v[e] = simt::from_float<T>(0.f);
       }
     }
     float s[GC];
@@ -144,7 +138,7 @@ paged_decode_kernel(const DecodeParams<T> p) {
 #pragma unroll
       for (int i = 0; i < VPL; ++i)
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) d += q[g][i][e] * simt::to_float(kv[i].v[e]);
+        for (int e = 0; e < VEC; ++e) d += q[g][i][e] * simt::to_float(kr[i].v[e]);
 #pragma unroll
       for (int mask = TPK / 2; mask > 0; mask >>= 1) d += simt::shfl_xor(d, mask);
       s[g] = d;
@@ -155,7 +149,7 @@ paged_decode_kernel(const DecodeParams<T> p) {
       for (int i = 0; i < VPL; ++i) {
         const int v = sub + i * TPK;
         if (v < Lay::NV) {
-          vv[i] = *reinterpret_cast<const V*>(p.v_cache + base + v * VEC);
+          vv[i] = *reinterpret_cast<const V*>(kv.v + base + v * VEC);
         } else {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) vv[i].v[e] = simt::from_float<T>(0.f);
@@ -163,11 +157,9 @@ paged_decode_kernel(const DecodeParams<T> p) {
       }
 #pragma unroll
       for (int g = 0; g < GC; ++g) {
-        const float m_new = fmaxf(m[g], s[g]);
-        const float alpha = __expf(m[g] - m_new);  // 0 on the first key (m = -inf)
-        const float pr = __expf(s[g] - m_new);
-        l[g] = l[g] * alpha + pr;
-        m[g] = m_new;
+        const float alpha = st[g].rescale(s[g], fast_exp);  // 0 on the first key
+        const float pr = fast_exp(s[g] - st[g].shift());
+        st[g].add(alpha, pr);
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
           if (sub + i * TPK < Lay::NV)
@@ -182,19 +174,15 @@ paged_decode_kernel(const DecodeParams<T> p) {
   for (int mask = TPK; mask < 32; mask <<= 1) {
 #pragma unroll
     for (int g = 0; g < GC; ++g) {
-      const float mo = simt::shfl_xor(m[g], mask), lo = simt::shfl_xor(l[g], mask);
-      const float mn = fmaxf(m[g], mo);
-      const float a = m[g] == kNegInf ? 0.f : __expf(m[g] - mn);
-      const float c = mo == kNegInf ? 0.f : __expf(mo - mn);
+      const float mo = simt::shfl_xor(st[g].m, mask), lo = simt::shfl_xor(st[g].l, mask);
+      const OnlineSoftmax::Weights w = st[g].merge(mo, lo, fast_exp);
 #pragma unroll
       for (int i = 0; i < VPL; ++i)
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float ao = simt::shfl_xor(acc[g][i][e], mask);
-          acc[g][i][e] = acc[g][i][e] * a + ao * c;
+          acc[g][i][e] = acc[g][i][e] * w.self + ao * w.other;
         }
-      l[g] = l[g] * a + lo * c;
-      m[g] = mn;
     }
   }
   if (kslot == 0) {
@@ -208,8 +196,8 @@ paged_decode_kernel(const DecodeParams<T> p) {
           for (int e = 0; e < VEC; ++e) s_acc[warp][g][v * VEC + e] = acc[g][i][e];
       }
       if (lane == 0) {
-        s_m[warp][g] = m[g];
-        s_l[warp][g] = l[g];
+        s_m[warp][g] = st[g].m;
+        s_l[warp][g] = st[g].l;
       }
     }
   }
@@ -224,12 +212,11 @@ paged_decode_kernel(const DecodeParams<T> p) {
     float o = 0.f, lsum = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
-      if (s_m[w][g] == kNegInf) continue;
-      const float wt = __expf(s_m[w][g] - mx);
+      const float wt = OnlineSoftmax::weight(s_m[w][g], mx, fast_exp);
       lsum += wt * s_l[w][g];
       o += wt * s_acc[w][g][d];
     }
-    const float val = lsum > 0.f ? o / lsum : 0.f;
+    const float val = o * OnlineSoftmax::normalizer(lsum);
     const int64_t bh = static_cast<int64_t>(b) * p.Hq + h0 + g;
     if (p.P == 1) {
       p.out[bh * D + d] = simt::from_float<T>(val);
@@ -243,26 +230,26 @@ paged_decode_kernel(const DecodeParams<T> p) {
   }
 }
 
-// Second pass of split-K: out[b, h] = Σ_z w_z · part_out[b, h, z] / Σ_z w_z, w_z = l_z · exp(m_z − max m),
-// summed in partition order (deterministic). Grid (Hq, B), threads over D.
+// Second pass of split-K: the P partial states merged in partition order (deterministic):
+// out[b, h] = Σ_z w_z · part_out[b, h, z] / Σ_z w_z, w_z = l_z · OnlineSoftmax::weight(m_z, max m) (part_out
+// is normalised, so its accumulator is part_out · l_z). Grid (Hq, B), threads over D.
 template <typename T>
 __global__ void __launch_bounds__(128) paged_decode_reduce_kernel(const DecodeParams<T> p, int D) {
+  const auto fast_exp = [](float x) { return __expf(x); };
   const int h = blockIdx.x, b = blockIdx.y;
   const int64_t bh = static_cast<int64_t>(b) * p.Hq + h;
   const float* pm = p.part_m + bh * p.P;
   const float* pl = p.part_l + bh * p.P;
   float mx = -INFINITY;
-  for (int z = 0; z < p.P; ++z)
-    if (pl[z] > 0.f) mx = fmaxf(mx, pm[z]);
+  for (int z = 0; z < p.P; ++z) mx = fmaxf(mx, pm[z]);  // empty partitions: -inf
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.f, lsum = 0.f;
     for (int z = 0; z < p.P; ++z) {
-      if (!(pl[z] > 0.f)) continue;
-      const float w = __expf(pm[z] - mx) * pl[z];
+      const float w = OnlineSoftmax::weight(pm[z], mx, fast_exp) * pl[z];
       lsum += w;
       o += w * p.part_out[(bh * p.P + z) * D + d];
     }
-    p.out[bh * D + d] = simt::from_float<T>(lsum > 0.f ? o / lsum : 0.f);
+    p.out[bh * D + d] = simt::from_float<T>(o * OnlineSoftmax::normalizer(lsum));
   }
 }
 
@@ -291,14 +278,8 @@ template <typename T>
 cudaError_t launch_paged_decode(const DecodeParams<T>& p, int D, cudaStream_t stream) {
   if (p.B == 0 || p.Hq == 0) return cudaSuccess;
   if (!aligned16(p.k_cache) || !aligned16(p.v_cache)) return cudaErrorMisalignedAddress;
-  switch (D) {
-    case 64: return launch_paged_decode_d<T, 64>(p, stream);
-    case 80: return launch_paged_decode_d<T, 80>(p, stream);
-    case 96: return launch_paged_decode_d<T, 96>(p, stream);
-    case 128: return launch_paged_decode_d<T, 128>(p, stream);
-    case 256: return launch_paged_decode_d<T, 256>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, cudaErrorInvalidValue,
+                       [&](auto d) { return launch_paged_decode_d<T, decltype(d)::value>(p, stream); });
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

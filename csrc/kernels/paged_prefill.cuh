@@ -6,48 +6,45 @@
 //   q [Tq, Hq, D] (token stride q_stride, 16-byte aligned rows), out [Tq, Hq, D] contiguous,
 //   k_cache / v_cache [N, S, Hkv, D], block_tables int32 [B, M], cu_seqlens_q int32 [B+1], seq_lens int32 [B].
 // Sequence b's q_b = cu[b+1]-cu[b] new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query
-// at position p sees keys max(0, p-W+1) ≤ j ≤ p.
+// at position p sees keys first_visible_key(p, W) ≤ j ≤ p (common.cuh).
+// This SIMT kernel serves fp32 and every call the tensor-core kernel (paged_prefill_tc.cuh) does not take
+// (its fallback rule: paged_prefill_tc_supported).
 //
 // Grid (ceil(Tq·G/BM), Hkv, B); 4 warps. The rows of a tile are (token, q head) pairs of ONE kv head,
 // token-major (row r → token r / G, head r % G): the G heads of a GQA group share every K/V tile, so
 // K/V is read once per kv head and query tile. Blocks past their sequence's q_b·G rows exit at once.
 // Per K/V tile: the block gathers BN keys' K and V rows through the block table into shared memory
 // (16-byte vectors; keys outside the tile's visible range are zero-filled and never read from the
-// cache), then each warp computes its 16×BN score tile, updates its rows' online softmax (fp32 running
-// max / sum, fully masked rows keep m = -inf and contribute nothing) and accumulates P·V.
-// Register layout = the mma.sync.m16n8k16 accumulator fragment: lane l holds rows l/4 and l/4+8 of its
-// warp's 16 rows and columns 2·(l%4)+{0,1} of every 8-wide column tile (of S: BN/8 tiles, of O: D/8),
-// so row reductions are two xor-shuffles and the scalar FMA loops can be swapped for mma.sync (Q·Kᵀ with
-// ldmatrix from the same shared tiles; P re-packed as the A operand of P·V) without changing the tiling.
+// cache), then each warp computes its 16×BN score tile, updates its rows' online softmax (OnlineSoftmax,
+// fp32; fully masked rows keep m = -inf and contribute nothing) and accumulates P·V.
+// Register layout = the mma.sync.m16n8k16 accumulator fragment, as in the tensor-core kernel: lane l holds
+// rows l/4 and l/4+8 of its warp's 16 rows and columns 2·(l%4)+{0,1} of every 8-wide column tile (of S:
+// BN/8 tiles, of O: D/8), so a row reduction is two xor-shuffles.
 //
-// Bound: compute (FLOPs = 4·Σ visible(q,k)·D per head) — without tensor cores this scalar version runs
-// at CUDA-core FP32 rate (~19.5 TFLOP/s A100); shared memory traffic per tile is (BM + 2·BN)·D·sizeof(T).
+// Bound: compute (FLOPs = 4·Σ visible(q,k)·D per head) — this scalar kernel runs at the CUDA-core FP32
+// rate (~19.5 TFLOP/s A100); shared memory traffic per tile is (BM + 2·BN)·D·sizeof(T).
 // Shared memory: (BM + 2·BN)·D·sizeof(T) + 4·16·BN·4 bytes (fp32, D = 256: 136 KiB, sm_80 opt-in).
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 inline constexpr int kPrefillBM = 64, kPrefillBN = 32, kPrefillWarps = 4;
 
+// The cache fields (k_cache, v_cache, block_tables, Hkv, S, M, N) come from PagedCache; window is
+// effective_window(W, M·S).
 template <typename T>
-struct PrefillParams {
+struct PrefillParams : PagedCache<T> {
   T* out;
   const T* q;
-  const T* k_cache;
-  const T* v_cache;
-  const int32_t* block_tables;
   const int32_t* cu_seqlens_q;
   const int32_t* seq_lens;
   int64_t q_stride;
-  int Hq, Hkv, S, M, N, window;
+  int Hq, window;
   float scale;
 };
-
-__host__ __device__ __forceinline__ int64_t first_visible_key(int64_t pos, int window) {
-  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-}
 
 template <typename T>
 __host__ __device__ constexpr size_t prefill_smem_bytes(int D) {
@@ -103,14 +100,15 @@ paged_prefill_kernel(const PrefillParams<T> p) {
     rpos[h] = R < rows ? pos0 + R / G : -1;
     rlo[h] = first_visible_key(rpos[h], p.window);
   }
-  float o[2][OT][2], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  float o[2][OT][2];
+  OnlineSoftmax st[2];  // l: this lane's partial sum; the row's 4 lanes are summed at the end
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int t = 0; t < OT; ++t) o[h][t][0] = o[h][t][1] = 0.f;
 
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.M;
-  const int64_t row = static_cast<int64_t>(p.Hkv) * D;
+  const PagedKV<const T> kv = p.sequence(b, kvh, D);
+  const auto fast_exp = [](float x) { return __expf(x); };
   float* Pw = Ps + warp * 16 * BN;
 
   for (int64_t n0 = kstart; n0 < kend; n0 += BN) {
@@ -118,22 +116,17 @@ paged_prefill_kernel(const PrefillParams<T> p) {
     for (int idx = threadIdx.x; idx < BN * NV; idx += blockDim.x) {
       const int c = idx / NV, v = idx % NV;
       const int64_t j = n0 + c;
-      V kv, vv;
-      bool ok = j < kend;
-      int32_t blk = 0;
-      if (ok) {
-        blk = bt[j / p.S];
-        ok = blk >= 0 && blk < p.N;
-      }
-      if (ok) {
-        const int64_t off = (static_cast<int64_t>(blk) * p.S + j % p.S) * row + static_cast<int64_t>(kvh) * D + v * VEC;
-        kv = *reinterpret_cast<const V*>(p.k_cache + off);
-        vv = *reinterpret_cast<const V*>(p.v_cache + off);
+      V kk, vv;
+      const int64_t slot = j < kend ? kv.slot(j) : -1;  // -1 for block ids outside [0, N) too
+      if (slot >= 0) {
+        const int64_t off = kv.row(slot) + v * VEC;
+        kk = *reinterpret_cast<const V*>(kv.k + off);
+        vv = *reinterpret_cast<const V*>(kv.v + off);
       } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) kv.v[e] = vv.v[e] = simt::from_float<T>(0.f);
+        for (int e = 0; e < VEC; ++e) kk.v[e] = vv.v[e] = simt::from_float<T>(0.f);
       }
-      reinterpret_cast<V*>(Ks)[idx] = kv;
+      reinterpret_cast<V*>(Ks)[idx] = kk;
       reinterpret_cast<V*>(Vs)[idx] = vv;
     }
     __syncthreads();
@@ -165,20 +158,18 @@ paged_prefill_kernel(const PrefillParams<T> p) {
       for (int t = 0; t < NT; ++t) mx = fmaxf(mx, fmaxf(s[h][t][0], s[h][t][1]));
       mx = fmaxf(mx, simt::shfl_xor(mx, 1));
       mx = fmaxf(mx, simt::shfl_xor(mx, 2));
-      const float m_new = fmaxf(m[h], mx);
-      const float m_use = m_new == kNegInf ? 0.f : m_new;  // fully masked so far: keep everything 0
-      const float alpha = __expf(m[h] - m_use);
-      m[h] = m_new;
+      const float alpha = st[h].rescale(mx, fast_exp);  // fully masked so far: everything stays 0
+      const float shift = st[h].shift();
       float rs = 0.f;
 #pragma unroll
       for (int t = 0; t < NT; ++t)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pr = __expf(s[h][t][e] - m_use);  // masked: exp(-inf) = 0
+          const float pr = fast_exp(s[h][t][e] - shift);  // masked: exp(-inf) = 0
           rs += pr;
           Pw[((lane >> 2) + 8 * h) * BN + t * 8 + cb + e] = pr;
         }
-      l[h] = l[h] * alpha + rs;  // per-lane partial sum; reduced over the row's 4 lanes at the end
+      st[h].add(alpha, rs);
 #pragma unroll
       for (int t = 0; t < OT; ++t) {
         o[h][t][0] *= alpha;
@@ -205,12 +196,12 @@ paged_prefill_kernel(const PrefillParams<T> p) {
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float lt = l[h];
+    float lt = st[h].l;
     lt += simt::shfl_xor(lt, 1);
     lt += simt::shfl_xor(lt, 2);
     const int R = r0 + rloc[h];
     if (R >= rows) continue;
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const float inv = OnlineSoftmax::normalizer(lt);
     T* orow = p.out + ((static_cast<int64_t>(q0) + R / G) * p.Hq + static_cast<int64_t>(kvh) * G + R % G) * D;
 #pragma unroll
     for (int t = 0; t < OT; ++t)
@@ -235,14 +226,8 @@ cudaError_t launch_paged_prefill(const PrefillParams<T>& p, int64_t Tq, int B, i
   if (Tq == 0 || B == 0 || p.Hq == 0) return cudaSuccess;
   if (!aligned16(p.q) || p.q_stride % kVec16<T> != 0 || !aligned16(p.k_cache) || !aligned16(p.v_cache))
     return cudaErrorMisalignedAddress;
-  switch (D) {
-    case 64: return launch_paged_prefill_d<T, 64>(p, Tq, B, stream);
-    case 80: return launch_paged_prefill_d<T, 80>(p, Tq, B, stream);
-    case 96: return launch_paged_prefill_d<T, 96>(p, Tq, B, stream);
-    case 128: return launch_paged_prefill_d<T, 128>(p, Tq, B, stream);
-    case 256: return launch_paged_prefill_d<T, 256>(p, Tq, B, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_head_dim(D, cudaErrorInvalidValue,
+                       [&](auto d) { return launch_paged_prefill_d<T, decltype(d)::value>(p, Tq, B, stream); });
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

@@ -10,7 +10,7 @@
 //   q [Tq, Hq, D] (token stride q_stride), out [Tq, Hq, D] contiguous, k_cache / v_cache [N, S, Hkv, D],
 //   block_tables int32 [B, M], cu_seqlens_q int32 [B+1], seq_lens int32 [B].
 // Sequence b's q_b new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query at position p
-// sees keys max(0, p-W+1) ≤ j ≤ p (W = window, 0 = none).
+// sees keys first_visible_key(p, W) ≤ j ≤ p (common.cuh; W = window, 0 = none).
 //
 // Grid (ceil(Tq·G/BM), Hkv, B), 4 warps. GQA packing: the rows of a block are (token, q head) pairs of ONE
 // kv head, token-major (row r → token r / G, head r % G), so the G q heads of a kv head share every K/V
@@ -25,7 +25,7 @@
 //   S[16×BN] = Q·Kᵀ  : A = Q rows (ldmatrix.x4; held in registers for D ≤ 128, re-read from shared memory
 //                       for D = 256 to stay within 255 registers), B = K rows via ldmatrix.x4 (non-trans: a
 //                       K row is a column of Kᵀ, i.e. exactly mma's "col" B layout), D/16 k-steps.
-//   online softmax on the S accumulator fragments (lane holds rows g = lane/4 and g+8, columns
+//   online softmax (OnlineSoftmax) on the S accumulator fragments (lane holds rows g = lane/4 and g+8, columns
 //   2·(lane%4)+{0,1} of every 8-wide tile; row max / sum over the row's 4 lanes = 2 xor-shuffles), in the
 //   log2 domain (scale·log2 e folded into the scores, exp2).
 //   O[16×D] += P·V   : the S accumulators of n-tiles 2k, 2k+1 ARE the A fragment of k-step k (re-packed to
@@ -56,20 +56,22 @@
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
 //     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
-// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 150,
-// 80 143, 96 155, 128 168, 256 238 registers, 0 spills (sm_90 alike); checked by tests/test_nvcc_ptxas.py.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 145,
+// 80 137, 96 153, 128 166, 256 232 registers, 0 spills (sm_90: 151, 142, 155, 167, 242); checked by
+// tests/test_nvcc_ptxas.py.
 //
-// Fallback rule (paged_prefill_tc_supported): fp16 / bf16, D ∈ {64, 80, 96, 128, 256} (any multiple of 16
-// ≤ 256 tiles; these are the instantiated ones), out 16-byte aligned. Everything else — fp32 above all —
-// runs the SIMT kernel of paged_prefill.cuh.
+// Fallback rule (paged_prefill_tc_supported): fp16 / bf16, D in MK_HEAD_DIMS (common.cuh; any multiple of
+// 16 ≤ 256 tiles, these are the instantiated ones), out 16-byte aligned. Everything else — fp32 above
+// all — runs the SIMT kernel of paged_prefill.cuh.
 #pragma once
 
 #include <type_traits>
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 #include "paged_prefill.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 template <typename T>
 inline constexpr bool kPrefillTcType = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
@@ -161,8 +163,7 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
   const int kstart = static_cast<int>(first_visible_key(pos0 + r0 / G, p.window)), kend = pos0 + last / G + 1;
   const int ntiles = static_cast<int>(ceil_div(kend - kstart, BN));
   const int tid = threadIdx.x;
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(b) * p.M;
-  const int64_t kv_row = static_cast<int64_t>(p.Hkv) * D;
+  const PagedKV<const T> kv = p.sequence(b, kvh, D);
 
   // Q tile (rows past the sequence zero-filled) and K/V tile 0 form the first cp.async group.
   for (int idx = tid; idx < BM * CH; idx += C::THREADS) {
@@ -182,17 +183,13 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
     const int n0 = kstart + t * BN;
     for (int idx = tid; idx < BN * CH; idx += C::THREADS) {
       const int c = idx / CH, v = idx % CH, j = n0 + c;
-      int64_t off = 0;
-      unsigned bytes = 0;
-      if (j < kend) {
-        const int32_t blk = bt[j / p.S];
-        if (blk >= 0 && blk < p.N) {  // ids were validated; never read outside the cache regardless
-          off = (static_cast<int64_t>(blk) * p.S + j % p.S) * kv_row + static_cast<int64_t>(kvh) * D + v * 8;
-          bytes = 16;
-        }
-      }
-      simt::cp_async_16_zfill(Ks + c * LD + v * 8, p.k_cache + off, bytes);
-      simt::cp_async_16_zfill(Vs + c * LD + v * 8, p.v_cache + off, bytes);
+      // -1 past kend and for block ids outside [0, N) (validated by the host; never read regardless):
+      // zero-filled, the source address unused.
+      const int64_t slot = j < kend ? kv.slot(j) : -1;
+      const int64_t off = slot >= 0 ? kv.row(slot) + v * 8 : 0;
+      const unsigned bytes = slot >= 0 ? 16 : 0;
+      simt::cp_async_16_zfill(Ks + c * LD + v * 8, kv.k + off, bytes);
+      simt::cp_async_16_zfill(Vs + c * LD + v * 8, kv.v + off, bytes);
     }
   };
   load_kv(0, 0);
@@ -212,8 +209,10 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
     rlo[h] = static_cast<int>(first_visible_key(rpos[h], p.window));
   }
   const float sl = p.scale * kLog2e;
+  const auto ex2 = [](float x) { return exp2f(x); };
 
-  float o[OT][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  float o[OT][4];
+  OnlineSoftmax st[2];  // log2 domain; l: this lane's partial sum, the row's 4 lanes summed in the epilogue
 #pragma unroll
   for (int t = 0; t < OT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
   uint32_t qf[C::Q_IN_REGS ? C::KSTEPS : 1][4];
@@ -277,19 +276,17 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
         for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
         mx = fmaxf(mx, simt::shfl_xor(mx, 1));
         mx = fmaxf(mx, simt::shfl_xor(mx, 2));
-        const float m_new = fmaxf(m[h], mx);
-        const float m_use = m_new == kNegInf ? 0.f : m_new;  // nothing visible yet: everything stays 0
-        const float alpha = exp2f(m[h] - m_use);
-        m[h] = m_new;
+        const float alpha = st[h].rescale(mx, ex2);  // nothing visible yet: everything stays 0
+        const float shift = st[h].shift();
         float rs = 0.f;
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[j][e] = exp2f(s[j][e] - m_use);  // masked: exp2(-inf) = 0
+            s[j][e] = ex2(s[j][e] - shift);  // masked: exp2(-inf) = 0
             rs += s[j][e];
           }
-        l[h] = l[h] * alpha + rs;  // per-lane partial; the row's 4 lanes are summed in the epilogue
+        st[h].add(alpha, rs);
 #pragma unroll
         for (int t = 0; t < OT; ++t) {
           o[t][2 * h] *= alpha;
@@ -319,10 +316,10 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
   T* Ow = Qs + warp * 16 * LD;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float lt = l[h];
+    float lt = st[h].l;
     lt += simt::shfl_xor(lt, 1);
     lt += simt::shfl_xor(lt, 2);
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+    const float inv = OnlineSoftmax::normalizer(lt);
 #pragma unroll
     for (int t = 0; t < OT; ++t)
       *reinterpret_cast<uint32_t*>(Ow + (g + 8 * h) * LD + t * 8 + 2 * t4) =
@@ -340,7 +337,7 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
 // True when launch_paged_prefill_tc handles this call (see the fallback rule in the header).
 template <typename T>
 inline bool paged_prefill_tc_supported(const PrefillParams<T>& p, int D) {
-  return kPrefillTcType<T> && (D == 64 || D == 80 || D == 96 || D == 128 || D == 256) && aligned16(p.out);
+  return kPrefillTcType<T> && head_dim_supported(D) && aligned16(p.out);
 }
 
 template <typename T, int D>
@@ -363,15 +360,9 @@ cudaError_t launch_paged_prefill_tc(const PrefillParams<T>& p, int64_t Tq, int B
     if (Tq == 0 || B == 0 || p.Hq == 0) return cudaSuccess;
     if (!aligned16(p.q) || p.q_stride % 8 != 0 || !aligned16(p.k_cache) || !aligned16(p.v_cache))
       return cudaErrorMisalignedAddress;
-    switch (D) {
-      case 64: return launch_paged_prefill_tc_d<T, 64>(p, Tq, B, stream);
-      case 80: return launch_paged_prefill_tc_d<T, 80>(p, Tq, B, stream);
-      case 96: return launch_paged_prefill_tc_d<T, 96>(p, Tq, B, stream);
-      case 128: return launch_paged_prefill_tc_d<T, 128>(p, Tq, B, stream);
-      case 256: return launch_paged_prefill_tc_d<T, 256>(p, Tq, B, stream);
-      default: return cudaErrorInvalidValue;
-    }
+    return with_head_dim(D, cudaErrorInvalidValue,
+                         [&](auto d) { return launch_paged_prefill_tc_d<T, decltype(d)::value>(p, Tq, B, stream); });
   }
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI

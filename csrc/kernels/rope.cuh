@@ -11,9 +11,10 @@
 // Positions outside [0, P) are skipped on the device (the op validates them on the host side).
 #pragma once
 
+#include "../simt/portable.cuh"
 #include "common.cuh"
 
-namespace mk {
+namespace mk::inline MK_ABI {
 
 template <typename T, bool NEOX>
 __device__ __forceinline__ void rope_rotate_heads(T* base, int64_t heads, int64_t D, int64_t half,
@@ -57,4 +58,4 @@ cudaError_t launch_rotary_embedding(const int64_t* positions, T* q, T* k, const 
                       k_stride, Hq, Hkv, D, R, max_pos);
 }
 
-}  // namespace mk
+}  // namespace mk::inline MK_ABI
