@@ -23,7 +23,7 @@ import mistral_kernels
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# Per-dtype tolerances against reference.py (DESIGN.md §5).
+# Per-dtype tolerances against reference.py (docs/design.md §5).
 TOL = {
     torch.float32: dict(atol=1e-5, rtol=1e-5),
     torch.bfloat16: dict(atol=2e-2, rtol=2e-2),

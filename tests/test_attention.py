@@ -18,7 +18,7 @@ from mistral_kernels import reference as ref
 
 from .conftest import Backend, assert_close
 
-ATTN_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4)}  # DESIGN.md §5: attention fp32 1e-4
+ATTN_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4)}  # docs/design.md §5: attention fp32 1e-4
 
 
 def _tol(dtype: torch.dtype) -> dict[str, float]:
@@ -360,7 +360,7 @@ def test_torch_compile_fullgraph() -> None:
 
 def test_device_index_checks_of_the_wrapper() -> None:
     """The wrapper-side checks used for CUDA tensors (no GPU here: run their tensor logic on CPU tensors)."""
-    from mistral_kernels import _ops_attention as oa
+    from mistral_kernels.ops import attention as oa
 
     kc = torch.zeros(8, 8, 1, 64)
     tables = torch.tensor([[0, 1, 2, -7], [3, 4, -7, -7]], dtype=torch.int32)

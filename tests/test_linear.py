@@ -1,11 +1,11 @@
-"""ops.linear / skinny_linear (decode-sized CPU matmul) against an fp64 matmul."""
+"""ops.linear / skinny_linear (decode-sized CPU matmul) against an fp64 matmul and reference.linear."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mistral_kernels import ops
+from mistral_kernels import ops, reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -20,6 +20,15 @@ def test_skinny_linear_matches_matmul(dtype: torch.dtype, M: int, N: int, K: int
     assert got.shape == (M, N) and got.dtype == dtype
     tol = dict(atol=1e-4 * K**0.5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2 * K**0.5, rtol=1e-2)
     torch.testing.assert_close(got.double(), expect, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (2, 3, 64), (40, 64)])
+def test_linear_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    g = torch.Generator().manual_seed(len(shape) * 100 + shape[0])
+    x, w = torch.randn(shape, generator=g).to(dtype), torch.randn(48, 64, generator=g).to(dtype)
+    tol = dict(atol=1e-4, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ops.linear(x, w), reference.linear(x, w), **tol)
 
 
 def test_linear_batched_leading_dims_and_out() -> None:

@@ -103,7 +103,7 @@ def test_topk_softmax_equals_softmax_of_topk_logits(native: Backend) -> None:
 
 
 def test_permute_worked_example(backend: Backend) -> None:
-    """The docstring example of _ops_moe.py."""
+    """The docstring example of ops/moe.py."""
     ids = torch.tensor([[2, 0], [0, 3], [2, 0]], dtype=torch.int32, device=backend.device)
     x = torch.arange(3.0, device=backend.device)[:, None].repeat(1, 4)
     permuted, offsets, inv = backend.ops.moe_permute(x, ids, 4)

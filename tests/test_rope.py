@@ -1,5 +1,5 @@
 """rope_cos_sin_cache and rotary_embedding: both layouts, partial rotary, GQA, T = 0, strided views,
-and the HF ↔ consolidated weight-permutation identity (DESIGN.md §6)."""
+and the HF ↔ consolidated weight-permutation identity (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_layout_permutation_gives_equal_scores(backend: Backend) -> None:
     x = torch.randn(T, dim, generator=g)
     wq, wk = torch.randn(nh * hd, dim, generator=g), torch.randn(nkv * hd, dim, generator=g)
 
-    def to_hf(w: torch.Tensor, n: int) -> torch.Tensor:  # DESIGN.md §6
+    def to_hf(w: torch.Tensor, n: int) -> torch.Tensor:  # docs/design.md §6
         return w.view(n, hd // 2, 2, dim).transpose(1, 2).reshape(n * hd, dim)
 
     cache = rope_cos_sin_cache(64, hd, 10000.0)

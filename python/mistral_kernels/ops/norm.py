@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from ._opbase import OpsBase, require_tensor
+from ._base import OpFamily, require_tensor
 
 
-class NormOps(OpsBase):
+class NormOps(OpFamily):
+    """Kernel wrappers of the norm family, bound to one ``torch.ops`` namespace (see ``ops/__init__.py``)."""
+
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, out: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -37,8 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _opbase
-from ._opbase import OpsBase, require_tensor
+from ._base import OpFamily, check_index_range, device_checks_apply, require_tensor
 
 
 def _window_arg(op: str, sliding_window: int | None) -> int:
@@ -50,11 +49,6 @@ def _window_arg(op: str, sliding_window: int | None) -> int:
     return w
 
 
-def _device_checks_apply(t: torch.Tensor) -> bool:
-    """Index contents of device tensors are checked here; CPU ones in C++ (csrc/checks/attention.h)."""
-    return (t.device.type != "cpu" and _opbase._DEVICE_INDEX_CHECKS and not torch.compiler.is_compiling())
-
-
 def _check_paged_indices_device(
     op: str,
     k_cache: torch.Tensor,
@@ -63,7 +57,10 @@ def _check_paged_indices_device(
     first_query_pos: torch.Tensor,
     window: int,
 ) -> None:
-    """Device tensors: seq_lens within capacity, block ids actually read in [0, N). Costs a sync."""
+    """CUDA index tensors: seq_lens within capacity, block ids actually read in [0, N). Costs a sync.
+
+    (CPU index tensors are checked in C++: csrc/checks/attention.h.)
+    """
     if not (block_tables.dim() == 2 and seq_lens.dim() == 1 and k_cache.dim() == 4
             and block_tables.shape[0] == seq_lens.shape[0]):
         return  # the C++ op reports the shape error
@@ -100,7 +97,9 @@ def _check_cu_seqlens_device(op: str, cu_seqlens_q: torch.Tensor, seq_lens: torc
                          f"seq_lens[{b}]={int(seq_lens[b])}; need 0 <= q_b <= seq_lens[b]")
 
 
-class AttentionOps(OpsBase):
+class AttentionOps(OpFamily):
+    """Kernel wrappers of the attention family, bound to one ``torch.ops`` namespace (see ``ops/__init__.py``)."""
+
     def reshape_and_cache(
         self,
         k: torch.Tensor,
@@ -128,8 +127,8 @@ class AttentionOps(OpsBase):
                         ("slot_mapping", slot_mapping)):
             require_tensor(op, name, t)
         if k_cache.dim() == 4:
-            _opbase.check_index_range(op, "slot_mapping", slot_mapping, -1, k_cache.shape[0] * k_cache.shape[1],
-                                      "num_blocks*block_size; -1 skips the token")
+            check_index_range(op, "slot_mapping", slot_mapping, -1, k_cache.shape[0] * k_cache.shape[1],
+                              "num_blocks*block_size; -1 skips the token")
         self._lib.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
     def paged_decode_attention(
@@ -175,7 +174,7 @@ class AttentionOps(OpsBase):
                         ("seq_lens", seq_lens)):
             require_tensor(op, name, t)
         window = _window_arg(op, sliding_window)
-        if _device_checks_apply(seq_lens):
+        if device_checks_apply(seq_lens.device):
             _check_paged_indices_device(op, k_cache, block_tables, seq_lens, seq_lens.long() - 1, window)
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -227,7 +226,7 @@ class AttentionOps(OpsBase):
                         ("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens)):
             require_tensor(op, name, t)
         window = _window_arg(op, sliding_window)
-        if _device_checks_apply(seq_lens):
+        if device_checks_apply(seq_lens.device):
             _check_cu_seqlens_device(op, cu_seqlens_q, seq_lens, q.shape[0])
             if cu_seqlens_q.dim() == 1 and cu_seqlens_q.shape[0] == seq_lens.shape[0] + 1:
                 qlen = cu_seqlens_q[1:].long() - cu_seqlens_q[:-1].long()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ._opbase import OpsBase, check_index_range, require_tensor
+from ._base import OpFamily, check_index_range, require_tensor
 
 
 def rope_cos_sin_cache(
@@ -26,8 +26,8 @@ def rope_cos_sin_cache(
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.float32).to(device)
 
 
-class RopeOps(OpsBase):
-    rope_cos_sin_cache = staticmethod(rope_cos_sin_cache)
+class RopeOps(OpFamily):
+    """Kernel wrappers of the rope family, bound to one ``torch.ops`` namespace (see ``ops/__init__.py``)."""
 
     def rotary_embedding(
         self,

@@ -1,4 +1,6 @@
-"""``linear``: the model's projection matmul. Shape letters: M rows (tokens), K in features, N out features.
+"""``linear``: the model's projection matmul. Kernel: csrc/cpu/linear.cpp (CPU only).
+
+Shape letters: M rows (tokens), K in features, N out features.
 
 Decode-sized inputs on the CPU (M ≤ 16, fp32 / bf16) go to our ``skinny_linear`` kernel
 (csrc/cpu/linear.cpp), which streams the weight once at memory bandwidth; everything else (prefill,

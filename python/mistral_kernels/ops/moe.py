@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import torch
 
-from ._opbase import OpsBase, check_index_range, require_tensor
+from ._base import OpFamily, check_index_range, require_tensor
 
 
-class MoEOps(OpsBase):
+class MoEOps(OpFamily):
+    """Kernel wrappers of the MoE family, bound to one ``torch.ops`` namespace (see ``ops/__init__.py``)."""
+
     def topk_softmax(
         self, gating_logits: torch.Tensor, k: int, renormalize: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,22 @@
+"""The CUDA kernels (csrc/kernels/*.cuh) run on CPU tensors by the SIMT emulator (csrc/simt/emu.h).
+
+Same functions and signatures as :mod:`mistral_kernels.ops` — the same wrapper classes, bound to
+``torch.ops.mistral_kernels_emu`` — except ``linear`` (it has no CUDA kernel); all tensors must be on the
+CPU. Slow: for testing the CUDA code on machines without a GPU. The thread schedule of every launch is
+chosen by the environment variable ``MK_SIMT_SCHEDULE`` = ``forward`` (default) | ``reverse`` |
+``random[:seed]``. Public import path: ``mistral_kernels.emulated``.
+"""
+
+from __future__ import annotations
+
+from .._library import emulator_compiled
+from . import bind
+from .rope import rope_cos_sin_cache
+
+if not emulator_compiled():
+    raise ImportError("mistral_kernels.emulated: the emulated kernels were not built (CMake option MK_EMU=OFF)")
+
+_WRAPPERS = bind("mistral_kernels_emu")
+globals().update(_WRAPPERS)
+
+__all__ = [*_WRAPPERS, "rope_cos_sin_cache"]
