@@ -22,7 +22,7 @@ def greedy_ours(model: Model, prompt: torch.Tensor, n: int, block_size: int = 8)
     num_blocks = (total + block_size - 1) // block_size
     table = list(range(num_blocks))[::-1]  # blocks in reverse physical order: the block table matters
     cache = model.new_cache(num_blocks, block_size)
-    batch = AttentionBatch.build([table], [0], [prompt.shape[0]], block_size, last_token_logits_only=True)
+    batch = AttentionBatch.build([table], [0], [prompt.shape[0]], block_size, logits_sequences=[0])
     logits = model.forward(prompt, batch, cache)  # [1, V]
     tokens: list[int] = []
     for i in range(n):
@@ -54,7 +54,7 @@ def logits_transformers(hf_model: torch.nn.Module, ids: torch.Tensor) -> torch.T
 
 
 def hf_to_interleaved(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
-    """Inverse of DESIGN.md §6: HF (neox) q/k rows → consolidated (interleaved) rows."""
+    """Inverse of docs/design.md §6: HF (neox) q/k rows → consolidated (interleaved) rows."""
     dim = w.shape[1]
     return w.view(n_heads, 2, head_dim // 2, dim).transpose(1, 2).reshape(n_heads * head_dim, dim)
 

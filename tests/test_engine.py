@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mistral_kernels.batch import AttentionBatch
+from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.tokenizer import Tokenizer
@@ -48,8 +48,8 @@ class ToyModel:
     tokens a query sees (positions p-W < j ≤ p), read through the block table."""
 
     def __init__(self, vocab: int = 50, window: int | None = None) -> None:
-        self.config = SimpleNamespace(vocab_size=vocab, sliding_window=window, max_position=4096, n_layers=1,
-                                      n_kv_heads=1, head_dim=1, eos_token_ids=(49,))
+        self.config = ModelConfig(dim=1, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=1, hidden_dim=1,
+                                  vocab_size=vocab, sliding_window=window, max_position=4096, eos_token_ids=(49,))
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.steps: list[tuple[int, int]] = []  # (sequences, tokens) per forward

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from mistral_kernels import load_model
-from mistral_kernels.config import UnsupportedCheckpointError
-from mistral_kernels.weights import CheckpointError
+from mistral_kernels.config import UnsupportedCheckpointError, load_config
+from mistral_kernels.gguf_metadata import read_gguf_header
+from mistral_kernels.weights import CheckpointError, load_checkpoint
 
 from .model_helpers import greedy_ours, greedy_transformers, hf_to_interleaved, logits_transformers
 
@@ -111,6 +112,38 @@ def test_tensor_types_match_transformers(tmp_path: Path, qtype: Q, tied: bool) -
     torch.testing.assert_close(ours.logits(ids), expected, atol=1e-3, rtol=0)
 
 
+# ------------------------------------------------------------------------------------------ header and config
+def test_header_reader_agrees_with_gguf_reader(tmp_path: Path) -> None:
+    """The fast header reader (config, tokenizer, tensor shapes) vs the gguf package's GGUFReader."""
+    path = tmp_path / "tiny.gguf"
+    _write_dense(path, Q.Q8_0, tied=False)
+    header = read_gguf_header(path)
+    reader = gguf.GGUFReader(str(path))
+    assert header.tensor_shapes == {t.name: tuple(reversed(t.shape.tolist())) for t in reader.tensors}
+    assert header.tensor_shapes["token_embd.weight"] == (V, H)
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert header.metadata.keys() == fields.keys()
+    for key, value in fields.items():
+        assert header.metadata[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+
+
+def test_load_config_reads_only_the_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_config never builds gguf.GGUFReader (the slow reader is only for tensor data), and gives the
+    config load_checkpoint uses."""
+    path = tmp_path / "tiny.gguf"
+    _write_dense(path, Q.F32, tied=True)
+    want, _ = load_checkpoint(path, progress=False)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("GGUFReader built while reading the config")
+
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    got = load_config(path)
+    assert got == want and got.tie_embeddings and (got.dim, got.n_layers, got.n_heads, got.n_kv_heads) == (H, L, HQ, HKV)
+    with pytest.raises(AssertionError, match="GGUFReader built"):  # the tensors do need it
+        load_checkpoint(path, progress=False)
+
+
 # ------------------------------------------------------------------------------------------ MoE
 @pytest.mark.parametrize("merged", [True, False], ids=["ffn_exps", "per_expert"])
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0], ids=lambda q: q.name)
@@ -175,7 +208,7 @@ def test_moe_gguf_matches_transformers_mixtral(tmp_path: Path, merged: bool, qty
 
 
 def _interleaved_to_hf(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """DESIGN.md §6: consolidated / GGUF (interleaved) q/k rows → HF (neox) rows."""
+    """docs/design.md §6: consolidated / GGUF (interleaved) q/k rows → HF (neox) rows."""
     return w.view(heads, D // 2, 2, w.shape[1]).transpose(1, 2).reshape(heads * D, w.shape[1])
 
 

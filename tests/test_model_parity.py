@@ -1,7 +1,7 @@
 """Decoders vs transformers on tiny random checkpoints (HF and consolidated), incremental decode, sizes.
 
 Reference: transformers' MistralForCausalLM / MixtralForCausalLM (eager attention) on the very
-checkpoint we load. Tolerances (DESIGN.md §5): |Δlogit| ≤ 1e-3 vs transformers in fp32, equal greedy
+checkpoint we load. Tolerances (docs/design.md §5): |Δlogit| ≤ 1e-3 vs transformers in fp32, equal greedy
 tokens; incremental decode vs full prefill ≤ 1e-4.
 Shape letters: T tokens, V vocab, L layers, Hq heads, D head_dim, W sliding window.
 """
@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 import mistral_kernels
 from mistral_kernels import load_model
 from mistral_kernels.batch import AttentionBatch
-from mistral_kernels.config import ModelConfig
+from mistral_kernels.config import ModelConfig, load_config
 from mistral_kernels.model import Model
 from mistral_kernels.weights import CheckpointError, expected_shapes, load_checkpoint
 
@@ -136,7 +136,7 @@ def test_batched_chunked_prefill_and_decode(checkpoint, prompt: torch.Tensor) ->
     table_a, table_b = [3, 0, 6, 1], [5, 2, 7, 4]
     cache = ours.new_cache(8, bs)
     ours.forward(a[:12], AttentionBatch.build([table_a], [0], [12], bs), cache)  # cached prefix of a
-    step = AttentionBatch.build([table_a, table_b], [12, 0], [17, 24], bs, last_token_logits_only=True)
+    step = AttentionBatch.build([table_a, table_b], [12, 0], [17, 24], bs, logits_sequences=[0, 1])
     last = ours.forward(torch.cat([a[12:29], b[:24]]), step, cache)  # [2, V]: a's row 28, b's row 23
     torch.testing.assert_close(last, torch.stack([full_a[28], full_b[23]]), atol=1e-4, rtol=0)
     step = AttentionBatch.build([table_a, table_b], [29, 24], [1, 1], bs)
@@ -154,12 +154,21 @@ def test_bf16_close_to_fp32(checkpoint, prompt: torch.Tensor) -> None:
 
 
 def test_config_sources_agree(checkpoint) -> None:
-    """config.json and params.json of the same model give the same config up to the RoPE layout."""
+    """config.json and params.json of the same model give the same config up to the RoPE layout;
+    load_config picks each by format and gives the config load_checkpoint uses."""
     _, hf_dir, consolidated_dir, hf = checkpoint
     from_hf = ModelConfig.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     from_params = ModelConfig.from_params_json(json.loads((consolidated_dir / "params.json").read_text()))
     assert from_hf.replace(rope_is_neox=False, bos_token_id=None, eos_token_ids=()) == from_params
     assert from_hf.num_parameters() == hf.num_parameters()
+    assert load_config(hf_dir) == from_hf and load_config(consolidated_dir) == from_params
+    assert load_checkpoint(consolidated_dir, progress=False)[0] == from_params
+
+
+def test_kv_bytes_per_token() -> None:
+    """2 (k and v) · L · Hkv · D · element size."""
+    assert ModelConfig.mistral_7b_v01().kv_bytes_per_token(torch.bfloat16) == 2 * 32 * 8 * 128 * 2 == 131072
+    assert ModelConfig.tiny_mistral().kv_bytes_per_token(torch.float32) == 2 * 2 * 2 * 16 * 4
 
 
 # ------------------------------------------------------------------------------------------ emulated CUDA kernels

@@ -20,9 +20,9 @@ import torch.multiprocessing as mp
 
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
-from mistral_kernels.model import load_model
-from mistral_kernels.parallel import (ParallelContext, check_shardable, expert_range, head_range, kv_head_range,
-                                      parameters_per_rank, shard_index)
+from mistral_kernels import load_model
+from mistral_kernels.parallel import (ParallelContext, ShardedModel, check_shardable, expert_range, head_range,
+                                      kv_head_range, parameters_per_rank, shard_index)
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.weights import load_checkpoint
 
@@ -295,9 +295,7 @@ def test_cli_info_per_rank(root: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_full_weights_with_a_parallel_context_are_rejected(root: Path) -> None:
-    from mistral_kernels.model import Model
-
     for ckpt in ("mistral_hkv2/hf", "mixtral/hf"):
         config, full = load_checkpoint(root / ckpt, progress=False)
         with pytest.raises(ValueError, match=r"layer 0, rank 1 of 2: weights are not this rank's shards: qkv"):
-            Model(config, full, parallel=ParallelContext(rank=1, world_size=2))
+            ShardedModel(config, full, ParallelContext(rank=1, world_size=2))

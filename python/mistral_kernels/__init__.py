@@ -12,8 +12,9 @@ __version__ = "0.1.0"
 
 from . import ops, reference  # noqa: E402  (ops needs the library loaded above)
 from .config import ModelConfig  # noqa: E402
-from .model import Model, load_model  # noqa: E402
-from .tokenizer import Tokenizer, load_tokenizer  # noqa: E402
+from .model import Model  # noqa: E402
+from .loading import load_model  # noqa: E402
+from .tokenization import Tokenizer, load_tokenizer  # noqa: E402
 from .llm import LLM  # noqa: E402
 
 __all__ = [

@@ -19,6 +19,10 @@ sequence 0 has 5 cached tokens, 2 new, blocks [7, 2]; sequence 1 is new with 3 t
     seq_lens      = [7, 3]                               int32 [B]   cached + new
     cu_seqlens_q  = [0, 2, 5]                            int32 [B+1] prefix sums of num_new
     decode_only   = False
+
+With ``logits_sequences=[1]`` (only sequence 1 samples, e.g. sequence 0 is mid-prefill)::
+
+    logits_indices = [cu_seqlens_q[2] - 1] = [4]         int64 [N]   last new row of each listed sequence
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class AttentionBatch:
         num_new: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
-        last_token_logits_only: bool = False,
+        logits_sequences: Sequence[int] | None = None,
     ) -> AttentionBatch:
         """Build the metadata on the host from per-sequence lists (see the module docstring).
 
@@ -78,7 +82,9 @@ class AttentionBatch:
         num_cached : tokens of each sequence already in the cache
         num_new : new tokens of each sequence in this step (≥ 1)
         block_size : tokens per cache block
-        last_token_logits_only : set ``logits_indices`` to the last new token of each sequence
+        logits_sequences : the sequences b (increasing) whose last new token gets logits:
+            ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's last
+            token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
         """
         b = len(block_tables)
         if not (len(num_cached) == len(num_new) == b) or b == 0:
@@ -100,7 +106,13 @@ class AttentionBatch:
         cu = [0]
         for new in num_new:
             cu.append(cu[-1] + new)
-        logits_indices = torch.tensor(cu[1:], device=device) - 1 if last_token_logits_only else None
+        logits_indices = None
+        if logits_sequences is not None:
+            rows = list(logits_sequences)
+            if any(not 0 <= r < b for r in rows) or rows != sorted(set(rows)):
+                raise ValueError(f"AttentionBatch.build: logits_sequences must be increasing ids in [0, {b}), "
+                                 f"got {rows}")
+            logits_indices = torch.tensor([cu[r + 1] - 1 for r in rows], dtype=torch.int64, device=device)
         return cls(
             positions=torch.tensor(positions, dtype=torch.int64, device=device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),

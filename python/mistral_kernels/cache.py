@@ -3,7 +3,7 @@
 The KV cache is ``num_blocks`` blocks of ``block_size`` token slots (per layer: k/v tensors
 [num_blocks, block_size, Hkv, D], allocated by the model). A sequence's *block table* lists, for each
 logical block i (its positions i*block_size … (i+1)*block_size-1), the physical block holding them.
-This module only does the bookkeeping (host-side Python ints); the engine turns tables into the int32
+This module only does the bookkeeping (host-side Python ints); the model runner turns tables into the int32
 ``block_tables`` tensor of :class:`mistral_kernels.batch.AttentionBatch`.
 
 Sliding window W: a query at position p reads keys j with p-W < j ≤ p only, so once the *next* query to
@@ -23,8 +23,9 @@ Worked example: block_size 4, W 6, a sequence of 13 tokens whose next query is a
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
-__all__ = ["FREED", "BlockManager", "OutOfBlocksError"]
+__all__ = ["FREED", "BlockManager", "OutOfBlocksError", "blocks_for", "default_num_blocks"]
 
 FREED = 0  # table entry of a logical block freed by the sliding window (never read by the kernels)
 
@@ -174,3 +175,15 @@ class BlockManager:
         self._tables.pop(seq, None)
         self._owned.pop(seq, None)
         self._first_live.pop(seq, None)
+
+
+def default_num_blocks(config: Any, block_size: int, max_batch: int, max_tokens_per_step: int) -> int:
+    """A KV pool for ``max_batch`` sequences of up to 1024 tokens (W + one chunk with a sliding window),
+    and at least one sequence of min(max_position, 8192) tokens (O(W) with a window)."""
+    w = config.sliding_window
+    per_seq = min(config.max_position, 1024)
+    longest = min(config.max_position, 8192)
+    if w:
+        per_seq = min(per_seq, w + max_tokens_per_step)
+        longest = min(longest, w + max_tokens_per_step)
+    return max(max_batch * (blocks_for(per_seq, block_size) + 1), blocks_for(longest, block_size) + 1)

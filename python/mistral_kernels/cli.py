@@ -1,10 +1,11 @@
-"""Command line: ``mistral-kernels generate`` and ``mistral-kernels info`` (also ``python -m mistral_kernels``).
+"""Command line: ``mistral-kernels generate``, ``info`` and ``serve`` (also ``python -m mistral_kernels``).
 
 Examples::
 
     mistral-kernels generate --chat --prompt "What is the capital of France?"
     mistral-kernels generate --model ./Mistral-7B-v0.1 --prompt "Hello" --prompt "Bonjour" --max-new-tokens 32
     mistral-kernels info --model ./model.gguf
+    mistral-kernels serve --port 8000        # OpenAI-compatible HTTP server (pip install ".[serve]")
     torchrun --nproc-per-node 2 -m mistral_kernels generate --tp 2 --model ./Mixtral-8x7B --device cuda \
         --dtype bf16 --prompt "Hello"          # tensor / expert parallel over 2 GPUs; only rank 0 prints
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
                    help="with --tp, MoE experts split whole over the ranks (expert, default) or each "
                         "expert's intermediate dim split (tensor)")
+
+    from .serve.args import add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)"),
+                        _positive, sorted(_DTYPES))
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
     i.add_argument("--model", help="as for generate (default: the default model)")
@@ -191,20 +196,6 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
     return 0
 
 
-def _load_config(path: Path) -> object:
-    from .config import ModelConfig
-    from .weights import detect_format
-
-    fmt = detect_format(path)
-    if fmt == "hf":
-        return ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
-    if fmt == "consolidated":
-        return ModelConfig.from_params_json(json.loads((path / "params.json").read_text()))
-    import gguf
-
-    return ModelConfig.from_gguf_metadata(gguf.GGUFReader(str(path)))
-
-
 def _info(args: argparse.Namespace) -> int:
     import torch
 
@@ -214,14 +205,17 @@ def _info(args: argparse.Namespace) -> int:
         path = default_model_path()
     else:
         path = Path(args.model)
+    from .config import load_config
+
     try:
-        c = _load_config(path)
+        c = load_config(path)
     except (ValueError, FileNotFoundError) as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2
-    elem = torch.empty((), dtype=getattr(torch, _DTYPES[args.dtype])).element_size()
+    dtype = getattr(torch, _DTYPES[args.dtype])
+    elem = dtype.itemsize
     total, active = c.num_parameters(), c.num_parameters(active_only=True)
-    kv = 2 * c.n_layers * c.n_kv_heads * c.head_dim * elem
+    kv = c.kv_bytes_per_token(dtype)
     print(f"model: {path}")
     for key, value in vars(c).items():
         print(f"  {key}: {value}")
@@ -240,7 +234,7 @@ def _info(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"mistral-kernels: {e}", file=sys.stderr)
             return 2
-        kv_rank = 2 * c.n_layers * local_config(c, 0, args.tp, args.moe_parallel).n_kv_heads * c.head_dim * elem
+        kv_rank = local_config(c, 0, args.tp, args.moe_parallel).kv_bytes_per_token(dtype)
         moe = f", {args.moe_parallel}-parallel experts" if c.is_moe else ""
         print(f"tensor parallel {args.tp}{moe}: per rank {per_rank:,} parameters ({per_rank / 1e9:.3f} B), "
               f"{per_rank * elem / 2**30:.3f} GiB in {args.dtype}, KV cache {kv_rank:,} bytes per token")
@@ -252,7 +246,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "serve":
+        return _serve(args)
     return _info(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import torch
+
+    try:
+        from .serve.server import serve_main
+    except ImportError as e:
+        print(f"mistral-kernels serve: {e}; install the serve extra: pip install 'mistral-kernels[serve]'",
+              file=sys.stderr)
+        return 2
+    return serve_main(args, getattr(torch, _DTYPES[args.dtype]))
 
 
 if __name__ == "__main__":

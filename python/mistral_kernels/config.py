@@ -1,7 +1,9 @@
 """One model configuration for Mistral / Mixtral / Llama-family decoders.
 
 A :class:`ModelConfig` is built from what a checkpoint *contains* — an HF ``config.json``, a Mistral
-``params.json`` or GGUF metadata — never guessed from file or directory names.
+``params.json`` or GGUF metadata — never guessed from file or directory names. :func:`load_config` is the
+one place that picks the source by format (the CLI's ``info`` and :func:`~mistral_kernels.weights.load_checkpoint`
+both use it).
 
 Shape letters: H hidden (``dim``), I intermediate (``hidden_dim``), Hq / Hkv heads, D head_dim,
 V vocab, E experts, k top-k, L layers.
@@ -10,10 +12,21 @@ V vocab, E experts, k top-k, L layers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelConfig", "UnsupportedCheckpointError"]
+import torch
+
+from .formats import detect_format, open_tensors, read_json
+from .gguf_metadata import read_gguf_header
+from .rope_scaling import RopeScaling, parse_rope_scaling
+
+__all__ = ["ModelConfig", "UnsupportedCheckpointError", "bounding_window", "load_config"]
+
+HF_MODEL_TYPES = ("mistral", "ministral", "mixtral", "llama")
+GGUF_ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE frequency divisors [R/2]
 
 
 class UnsupportedCheckpointError(ValueError):
@@ -37,7 +50,12 @@ class ModelConfig:
     rope_is_neox : True for the HF q/k layout (pairs (i, i+D/2)); False for the interleaved layout of
         Mistral consolidated and GGUF checkpoints (pairs (2i, 2i+1)). Set by the checkpoint format.
     rotary_dim : R ≤ D dims rotated (partial rotary); None means D
-    sliding_window : W, a token at position p sees keys j with p-W < j ≤ p; None = full causal
+    rope_scaling : frequency scaling of RoPE (llama3 / linear / dynamic / yarn; :mod:`.rope_scaling`); None = plain
+    sliding_window : W, a token at position p sees keys j with p-W < j ≤ p; None = full causal. With
+        ``layer_windows`` it is the window that bounds *every* layer's reads — the largest window, or None
+        when any layer has full attention — which is what the KV cache manager may free by.
+    layer_windows : per-layer windows (None entries = full attention) when layers differ (Ministral's
+        interleaved windows); None means every layer uses ``sliding_window``. Read with :meth:`window_of`.
     tie_embeddings : LM head shares the embedding matrix
     num_experts, top_k : E, k for a sparse MoE FFN (Mixtral); 0 means a dense SwiGLU FFN
     max_position : rows of the RoPE table (longest supported sequence)
@@ -55,7 +73,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_is_neox: bool = True
     rotary_dim: int | None = None
+    rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None
+    layer_windows: tuple[int | None, ...] | None = None
     tie_embeddings: bool = False
     num_experts: int = 0
     top_k: int = 0
@@ -75,6 +95,17 @@ class ModelConfig:
                              f"(0, head_dim={self.head_dim}]")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"ModelConfig.sliding_window must be > 0 or None, got {self.sliding_window}")
+        if self.layer_windows is not None:
+            if len(self.layer_windows) != self.n_layers:
+                raise ValueError(f"ModelConfig.layer_windows has {len(self.layer_windows)} entries, expected "
+                                 f"n_layers={self.n_layers}")
+            if any(w is not None and w <= 0 for w in self.layer_windows):
+                raise ValueError(f"ModelConfig.layer_windows entries must be > 0 or None, got {self.layer_windows}")
+            if self.sliding_window != bounding_window(self.layer_windows):
+                raise ValueError(f"ModelConfig.sliding_window={self.sliding_window} must be "
+                                 f"{bounding_window(self.layer_windows)} with layer_windows={self.layer_windows} "
+                                 "(the largest window, None when a layer has full attention); build with "
+                                 "ModelConfig.with_layer_windows")
         if self.num_experts and not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"ModelConfig: top_k={self.top_k} must be in [1, num_experts={self.num_experts}]")
 
@@ -90,7 +121,28 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None = full causal attention)."""
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"ModelConfig.window_of: layer must be in [0, {self.n_layers}), got {layer}")
+        return self.sliding_window if self.layer_windows is None else self.layer_windows[layer]
+
+    def with_layer_windows(self, windows: tuple[int | None, ...] | list[int | None]) -> ModelConfig:
+        """This config with per-layer ``windows`` (``sliding_window`` set to their bound; uniform → no tuple)."""
+        windows = tuple(windows)
+        if len(set(windows)) == 1:
+            return self.replace(sliding_window=windows[0], layer_windows=None)
+        return self.replace(sliding_window=bounding_window(windows), layer_windows=windows)
+
     # ------------------------------------------------------------------ size and cost
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes the paged KV cache holds per token in ``dtype``: k and v of every layer, 2·L·Hkv·D·bytes.
+
+        Mistral-7B in bf16: 2 · 32 · 8 · 128 · 2 = 131,072 bytes (128 KiB). A tensor-parallel rank holds
+        its local config's share (``parallel.local_config(...).kv_bytes_per_token(dtype)``).
+        """
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype.itemsize
+
     def num_parameters(self, active_only: bool = False) -> int:
         """Parameter count from the config alone (no weights needed).
 
@@ -110,16 +162,16 @@ class ModelConfig:
         QKV + O projections     L · 2·H·(Hq+2·Hkv)·D + L · 2·Hq·D·H
         FFN, dense              L · 2·3·H·I
         FFN, MoE                L · (2·E·H router + k · 2·3·H·I)
-        attention               L · 4·Hq·D·C, C = min(seq_len, W) keys (q·k and p·v)
+        attention               Σ layers 4·Hq·D·C, C = min(seq_len, W of the layer) keys
         LM head                 2·V·H
         ======================  ==========================================================
 
-        = 2 · (active matmul parameters) + 4·L·C·Hq·D; embedding lookup and norms are not counted.
+        = 2 · (active matmul parameters) + 4·ΣC·Hq·D; embedding lookup and norms are not counted.
         """
         if seq_len < 1:
             raise ValueError(f"flops_per_token: seq_len must be >= 1, got {seq_len}")
-        context = min(seq_len, self.sliding_window or seq_len)
-        attention = 4 * self.n_layers * context * self.n_heads * self.head_dim
+        contexts = sum(min(seq_len, self.window_of(n) or seq_len) for n in range(self.n_layers))
+        attention = 4 * contexts * self.n_heads * self.head_dim
         return 2 * self._matmul_parameters(active_only=True) + attention
 
     def _matmul_parameters(self, active_only: bool) -> int:
@@ -135,27 +187,41 @@ class ModelConfig:
     # ------------------------------------------------------------------ builders from checkpoints
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """From a transformers ``config.json`` (model_type mistral / mixtral / llama); HF q/k → neox RoPE."""
+        """From a transformers ``config.json`` (model_type mistral / ministral / mixtral / llama); HF q/k → neox RoPE.
+
+        RoPE: transformers 4.x spells ``rope_theta`` + ``rope_scaling``, 5.x one ``rope_parameters`` dict; both
+        are read. Windows: ``sliding_window`` (null = none; ``use_sliding_window: false`` disables it) applies
+        to the layers that ``layer_types`` marks ``sliding_attention`` (all layers when absent).
+        """
         model_type = cfg.get("model_type")
-        if model_type not in ("mistral", "mixtral", "llama"):
+        if model_type not in HF_MODEL_TYPES:
             raise UnsupportedCheckpointError(
-                f"config.json: model_type={model_type!r} is not supported (mistral, mixtral, llama)")
+                f"config.json: model_type={model_type!r} is not supported ({', '.join(HF_MODEL_TYPES)})")
         for flag in ("attention_bias", "mlp_bias"):
             if cfg.get(flag):
                 raise UnsupportedCheckpointError(f"config.json: {flag}=true is not supported (no biases in this model)")
         if cfg.get("hidden_act", "silu") != "silu":
             raise UnsupportedCheckpointError(f"config.json: hidden_act={cfg['hidden_act']!r}, only 'silu' is supported")
         rope = cfg.get("rope_parameters") or {}  # transformers 5.x; 4.x has rope_theta / rope_scaling at top level
+        if any(isinstance(v, Mapping) for v in rope.values()):
+            raise UnsupportedCheckpointError(f"config.json: per-layer-type rope_parameters {rope} are not supported "
+                                             "(one RoPE for all layers)")
         theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling") or rope
-        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-            raise UnsupportedCheckpointError(f"config.json: RoPE scaling {scaling} is not supported")
+        partial = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
+        if partial != 1.0:
+            raise UnsupportedCheckpointError(f"config.json: partial_rotary_factor={partial} is not supported (1.0)")
+        max_position = cfg.get("max_position_embeddings", 32768)
+        try:
+            scaling = parse_rope_scaling(cfg.get("rope_scaling") or rope, max_position, "config.json")
+        except (ValueError, KeyError) as e:
+            raise UnsupportedCheckpointError(f"config.json: RoPE scaling not usable: {e}") from e
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         experts = cfg.get("num_local_experts", 0) if model_type == "mixtral" else 0
         window = cfg.get("sliding_window") if model_type != "llama" else None
         if window is not None and cfg.get("use_sliding_window") is False:
             window = None
+        windows = _hf_layer_windows(cfg.get("layer_types"), window, cfg["num_hidden_layers"])
         return cls(
             dim=cfg["hidden_size"],
             n_layers=cfg["num_hidden_layers"],
@@ -167,14 +233,15 @@ class ModelConfig:
             norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_is_neox=True,
+            rope_scaling=scaling,
             sliding_window=window,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=experts,
             top_k=cfg.get("num_experts_per_tok", 0) if experts else 0,
-            max_position=cfg.get("max_position_embeddings", 32768),
+            max_position=max_position,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_tuple(eos),
-        )
+        ).with_layer_windows(windows)
 
     @classmethod
     def from_params_json(cls, params: dict[str, Any]) -> ModelConfig:
@@ -182,14 +249,25 @@ class ModelConfig:
 
         params.json does not state a maximum length; ``max_seq_len`` is used when present, else 32768.
         A missing ``rope_theta`` means 1e6, as in mistral-inference (the format's reference implementation).
+        ``sliding_window`` may be a number, null, or a list of per-layer windows repeated over the layers
+        (layer n uses entry n mod len; interleaved windows as in Ministral-8B).
         """
         if params.get("rope_scaling") or params.get("yarn"):
-            raise UnsupportedCheckpointError("params.json: RoPE scaling is not supported")
+            raise UnsupportedCheckpointError("params.json: RoPE scaling (rope_scaling / yarn) is not supported in "
+                                             "the consolidated format; use the model's HF config.json checkpoint")
         moe = params.get("moe") or {}
         heads = params["n_heads"]
+        layers = params["n_layers"]
+        pattern = params.get("sliding_window")
+        if isinstance(pattern, list):
+            if not pattern:
+                raise UnsupportedCheckpointError("params.json: sliding_window is an empty list")
+            windows = tuple(pattern[n % len(pattern)] for n in range(layers))
+        else:
+            windows = (pattern,) * layers
         return cls(
             dim=params["dim"],
-            n_layers=params["n_layers"],
+            n_layers=layers,
             n_heads=heads,
             n_kv_heads=params.get("n_kv_heads", heads),
             head_dim=params.get("head_dim") or params["dim"] // heads,
@@ -198,25 +276,26 @@ class ModelConfig:
             norm_eps=params.get("norm_eps", 1e-5),
             rope_theta=float(params.get("rope_theta") or 1e6),  # mistral-inference's default when absent
             rope_is_neox=False,
-            sliding_window=params.get("sliding_window"),
             tie_embeddings=bool(params.get("tied_embeddings", False)),
             num_experts=moe.get("num_experts", 0),
             top_k=moe.get("num_experts_per_tok", 0),
             max_position=params.get("max_seq_len", 32768),
-        )  # params.json states no special tokens: they come from the tokenizer (tokenizer.model / tekken.json)
+        ).with_layer_windows(windows)  # no special tokens in params.json: the tokenizer file states them
 
     @classmethod
-    def from_gguf_metadata(cls, reader: Any) -> ModelConfig:
-        """From the metadata of a ``gguf.GGUFReader`` (llama-architecture GGUF: Llama, Mistral, Mixtral).
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], tensor_names: Collection[str],
+                           rope_freq_factors: tuple[float, ...] | None = None) -> ModelConfig:
+        """From a GGUF file's metadata and tensor names (llama architecture: Llama, Mistral, Mixtral).
 
-        GGUF q/k weights are stored in the interleaved layout by llama.cpp → interleaved RoPE.
-        Tied embeddings ⇔ the file has no ``output.weight`` tensor.
+        Both come from :func:`mistral_kernels.gguf_metadata.read_gguf_header`. GGUF q/k weights are stored
+        in the interleaved layout by llama.cpp → interleaved RoPE. Tied embeddings ⇔ the file has no
+        ``output.weight`` tensor. A ``rope_freqs.weight`` tensor (llama.cpp's form of Llama 3.1's RoPE
+        scaling) is data, not metadata: :func:`load_config` reads it and passes ``rope_freq_factors``.
         """
-        fields = reader.fields
 
         def get(key: str, default: Any = ...) -> Any:
-            if key in fields:
-                return fields[key].contents()
+            if key in metadata:
+                return metadata[key]
             if default is ...:
                 raise UnsupportedCheckpointError(f"GGUF metadata: required key {key!r} is missing")
             return default
@@ -233,10 +312,9 @@ class ModelConfig:
         rot = int(get(f"{arch}.rope.dimension_count", head_dim))
         vocab = get(f"{arch}.vocab_size", None)
         if vocab is None:
-            vocab = len(fields["tokenizer.ggml.tokens"].data)
+            vocab = len(get("tokenizer.ggml.tokens"))
         experts = int(get(f"{arch}.expert_count", 0))
         eos = get("tokenizer.ggml.eos_token_id", None)
-        names = {t.name for t in reader.tensors}
         return cls(
             dim=dim,
             n_layers=int(get(f"{arch}.block_count")),
@@ -249,7 +327,9 @@ class ModelConfig:
             rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
             rope_is_neox=False,
             rotary_dim=rot if rot != head_dim else None,
-            tie_embeddings="output.weight" not in names,
+            rope_scaling=None if rope_freq_factors is None else RopeScaling("freq_factors", 1.0,
+                                                                            freq_factors=rope_freq_factors),
+            tie_embeddings="output.weight" not in tensor_names,
             num_experts=experts,
             top_k=int(get(f"{arch}.expert_used_count", 0)) if experts else 0,
             max_position=int(get(f"{arch}.context_length", 32768)),
@@ -273,6 +353,58 @@ class ModelConfig:
                    max_position=32768, bos_token_id=1, eos_token_ids=(2,))
 
     @classmethod
+    def mistral_7b_v02(cls) -> ModelConfig:
+        """Mistral-7B-v0.2: no sliding window, θ = 1e6, vocab 32000 (7.24B)."""
+        return cls.mistral_7b_v01().replace(rope_theta=1e6, sliding_window=None)
+
+    @classmethod
+    def mistral_7b_v03(cls) -> ModelConfig:
+        """Mistral-7B-v0.3: as v0.2 with the v3 tokenizer's vocab 32768 (7.25B)."""
+        return cls.mistral_7b_v02().replace(vocab_size=32768)
+
+    @classmethod
+    def mistral_nemo_12b(cls) -> ModelConfig:
+        """Mistral-Nemo-12B (2407): head_dim 128 ≠ 5120/32, θ = 1e6, tekken vocab 131072 (12.2B).
+
+        The HF config states max_position_embeddings 1,024,000; the preset's RoPE table covers the
+        advertised 128k context.
+        """
+        return cls(dim=5120, n_layers=40, n_heads=32, n_kv_heads=8, head_dim=128, hidden_dim=14336,
+                   vocab_size=131072, norm_eps=1e-5, rope_theta=1e6, rope_is_neox=False, max_position=131072,
+                   bos_token_id=1, eos_token_ids=(2,))
+
+    @classmethod
+    def mistral_small_24b(cls) -> ModelConfig:
+        """Mistral-Small-24B (3.x text decoder): head_dim 128 ≠ 5120/32, θ = 1e8, vocab 131072 (23.6B)."""
+        return cls.mistral_nemo_12b().replace(hidden_dim=32768, rope_theta=1e8, max_position=32768)
+
+    @classmethod
+    def ministral_8b(cls) -> ModelConfig:
+        """Ministral-8B (2410): 36 layers, θ = 1e8, vocab 131072, interleaved windows (8.0B).
+
+        Every fourth layer has full attention, the others a 32768-token window (128k context).
+        """
+        base = cls(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, hidden_dim=12288,
+                   vocab_size=131072, norm_eps=1e-5, rope_theta=1e8, rope_is_neox=False, max_position=131072,
+                   bos_token_id=1, eos_token_ids=(2,))
+        return base.with_layer_windows([None if n % 4 == 3 else 32768 for n in range(36)])
+
+    @classmethod
+    def mixtral_8x22b(cls) -> ModelConfig:
+        """Mixtral-8x22B-v0.1: 56 layers, 48 / 8 heads, 8 experts top-2, vocab 32768 (140.6B total / 39B active)."""
+        return cls(dim=6144, n_layers=56, n_heads=48, n_kv_heads=8, head_dim=128, hidden_dim=16384,
+                   vocab_size=32768, norm_eps=1e-5, rope_theta=1e6, rope_is_neox=False, num_experts=8, top_k=2,
+                   max_position=65536, bos_token_id=1, eos_token_ids=(2,))
+
+    @classmethod
+    def llama_31_8b(cls) -> ModelConfig:
+        """Llama-3.1-8B(-Instruct): llama3 RoPE (factor 8 over 8192), θ = 5e5, vocab 128256 (8.03B), HF layout."""
+        return cls(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, hidden_dim=14336,
+                   vocab_size=128256, norm_eps=1e-5, rope_theta=5e5, rope_is_neox=True,
+                   rope_scaling=RopeScaling("llama3", 8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0),
+                   max_position=131072, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))
+
+    @classmethod
     def tiny_mistral(cls) -> ModelConfig:
         """A tiny GQA model with a sliding window (W=16) for tests."""
         return cls(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=128,
@@ -283,6 +415,56 @@ class ModelConfig:
         """A tiny MoE model (4 experts, top-2) for tests."""
         return cls(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=128,
                    num_experts=4, top_k=2, max_position=256)
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """The config of the checkpoint at ``path`` (HF directory, Mistral consolidated directory or GGUF file).
+
+    Reads only the config: ``config.json``, ``params.json`` or the GGUF header (fast reader, no tensor data).
+
+    Raises
+    ------
+    CheckpointError
+        The path holds no known format (:func:`mistral_kernels.formats.detect_format`).
+    UnsupportedCheckpointError
+        The config describes a model this package does not implement.
+    """
+    p = Path(path)
+    fmt = detect_format(p)
+    if fmt == "hf":
+        return ModelConfig.from_hf_config(read_json(p / "config.json"))
+    if fmt == "consolidated":
+        return ModelConfig.from_params_json(read_json(p / "params.json"))
+    header = read_gguf_header(p)
+    factors = None
+    if GGUF_ROPE_FREQS in header.tensor_shapes:  # a tensor read only for files that have it (Llama 3.x)
+        factors = tuple(float(f) for f in open_tensors(p, "gguf").read(GGUF_ROPE_FREQS).flatten().tolist())
+    return ModelConfig.from_gguf_metadata(header.metadata, header.tensor_shapes.keys(), factors)
+
+
+def bounding_window(windows: Collection[int | None]) -> int | None:
+    """The window that bounds every layer's reads: the largest, or None when any layer is full attention.
+
+    Example: (4096, 4096, None) → None;  (32, 64) → 64.
+    """
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)
+
+
+def _hf_layer_windows(layer_types: Any, window: int | None, n_layers: int) -> tuple[int | None, ...]:
+    """Per-layer windows from HF ``layer_types`` ('sliding_attention' → ``window``, 'full_attention' → None)."""
+    if layer_types is None:
+        return (window,) * n_layers
+    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+        raise UnsupportedCheckpointError(f"config.json: layer_types must be a list of num_hidden_layers={n_layers} "
+                                         f"entries, got {layer_types!r}")
+    known = {"sliding_attention": window, "full_attention": None}
+    unknown = sorted({t for t in layer_types if t not in known})
+    if unknown:
+        raise UnsupportedCheckpointError(f"config.json: layer_types {unknown} are not supported "
+                                         "(sliding_attention, full_attention)")
+    return tuple(known[t] for t in layer_types)
 
 
 def _as_tuple(ids: Any) -> tuple[int, ...]:

@@ -13,16 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from .engine import Completion, Engine, default_num_blocks
+from .cache import default_num_blocks
+from .engine import Completion, Engine
+from .loading import load_model
+from .parallel import ParallelContext
 from .sampling import SamplingParams
-from .tokenizer import Message, Tokenizer, load_tokenizer
-
-if TYPE_CHECKING:
-    from .parallel import ParallelContext
+from .tokenization import Message, Tokenizer, load_tokenizer
 
 __all__ = ["LLM"]
 
@@ -37,7 +36,7 @@ class LLM:
     device, dtype : where and in which dtype the weights and the KV cache live.
     max_batch : most sequences decoded together.
     block_size : KV cache block size (tokens, a power of two).
-    num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (engine.default_num_blocks).
+    num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (cache.default_num_blocks).
     max_tokens_per_step : token budget of one engine step (prefill chunk size).
     tokenizer : path of a tokenizer to use instead of the one found with the model.
     parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
@@ -49,8 +48,6 @@ class LLM:
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None) -> None:
-        from .model import load_model
-
         if path is None:
             from .default_model import default_model_path
 

@@ -17,14 +17,16 @@ its blocks to sequences (block manager), and call :meth:`Model.forward` with the
 :class:`~mistral_kernels.batch.AttentionBatch` describing where they go — prefill (any number of new
 tokens per sequence, after an optional cached prefix) and decode (one new token per sequence) alike.
 :meth:`Model.logits` is the one-call helper: one fresh prefill of one sequence.
+
+Checkpoints are turned into models by :func:`mistral_kernels.loading.load_model`; tensor / expert
+parallelism builds its layers from outside this module (:mod:`mistral_kernels.parallel`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,12 +34,9 @@ import torch.nn.functional as F
 from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
-from .weights import load_checkpoint
+from .rope_scaling import rope_table
 
-if TYPE_CHECKING:
-    from .parallel import ParallelContext
-
-__all__ = ["KVCache", "Model", "load_model"]
+__all__ = ["DecoderLayer", "KVCache", "Model"]
 
 
 @dataclass
@@ -79,6 +78,7 @@ class DecoderLayer:
         p = f"layers.{index}."
         self.config = config
         self.kernels = kernels
+        self.window = config.window_of(index)     # W of this layer (None = full causal)
         self.attn_norm = weights[p + "attn_norm"]  # [H]
         self.qkv = weights[p + "qkv"]              # [(Hq + 2·Hkv)·D, H]
         self.wo = weights[p + "wo"]                # [H, Hq·D]
@@ -107,10 +107,10 @@ class DecoderLayer:
         scale = c.head_dim ** -0.5
         if batch.decode_only:
             out = self.kernels.paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
-                                                      scale, c.sliding_window)
+                                                      scale, self.window)
         else:
             out = self.kernels.paged_prefill_attention(q, k_cache, v_cache, batch.block_tables,
-                                                       batch.cu_seqlens_q, batch.seq_lens, scale, c.sliding_window)
+                                                       batch.cu_seqlens_q, batch.seq_lens, scale, self.window)
         return ops.linear(out.view(t, c.n_heads * c.head_dim), self.wo)          # [T, H]
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,39 +131,32 @@ class Model:
     kernels : the op namespace the decoder calls — :mod:`mistral_kernels.ops` (default), or
         :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests). Matmuls
         always use :func:`mistral_kernels.ops.linear`.
-    parallel : tensor / expert parallelism (:mod:`mistral_kernels.parallel`): ``weights`` are then this
-        rank's shards, the layers all-reduce, and the KV cache holds only the rank's kv heads. None = one
-        process.
+    layers : prebuilt decoder layers, one per ``config.n_layers`` (e.g. one tensor-parallel rank's,
+        :class:`mistral_kernels.parallel.ShardedModel`); None builds :class:`DecoderLayer` from ``weights``.
+        The KV cache is shaped by the config the layers compute with (:attr:`layer_config`).
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops,
-                 parallel: ParallelContext | None = None) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops, *,
+                 layers: Sequence[DecoderLayer] | None = None) -> None:
         self.config = config
-        self.parallel = parallel
         self.kernels = kernels
         self.embed = weights["embed"]                                          # [V, H]
         self.norm = weights["norm"]                                            # [H]
         self.lm_head = self.embed if config.tie_embeddings else weights["lm_head"]  # [V, H]
-        if parallel is None:
-            self.layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
-        else:
-            from .parallel_layers import ShardedDecoderLayer
-
-            self.layers = [ShardedDecoderLayer(config, weights, n, kernels, parallel)
-                           for n in range(config.n_layers)]
+        if layers is None:
+            layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
+        if len(layers) != config.n_layers:
+            raise ValueError(f"Model: got {len(layers)} layers for a config with n_layers={config.n_layers}")
+        self.layers = list(layers)
+        self.layer_config = self.layers[0].config  # local heads of a tensor-parallel rank, else config
         self.dtype = self.embed.dtype
         self.device = self.embed.device
-        self.cos_sin = ops.rope_cos_sin_cache(config.max_position, config.rot_dim, config.rope_theta,
-                                              self.device)                    # fp32 [max_position, R]
+        self.cos_sin = rope_table(config.max_position, config.rot_dim, config.rope_theta, config.rope_scaling,
+                                  self.device)                                # fp32 [max_position, R]
 
     def new_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """An (uninitialised) paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens, in the model's dtype."""
-        config = self.config if self.parallel is None else self.parallel.local_config(self.config)  # local kv heads
-        return KVCache.allocate(config, num_blocks, block_size, device=self.device, dtype=self.dtype)
-
-    def broadcast_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """Sampled ids [N] made identical on all ranks (rank 0's); the identity in one process."""
-        return ids if self.parallel is None else self.parallel.broadcast_tokens(ids)
+        return KVCache.allocate(self.layer_config, num_blocks, block_size, device=self.device, dtype=self.dtype)
 
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, batch: AttentionBatch, cache: KVCache) -> torch.Tensor:
@@ -212,16 +205,3 @@ class Model:
     def flops_per_token(self, seq_len: int) -> int:
         """Forward FLOPs of one token at context ``seq_len`` (table in :meth:`ModelConfig.flops_per_token`)."""
         return self.config.flops_per_token(seq_len)
-
-
-def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: bool = True, parallel: ParallelContext | None = None) -> Model:
-    """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
-
-    The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
-    metadata); RoPE layout follows the format; weights are not permuted. With ``parallel`` each rank reads
-    only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`).
-    """
-    shard = None if parallel is None else parallel.shard
-    config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, shard=shard)
-    return Model(config, weights, parallel=parallel)

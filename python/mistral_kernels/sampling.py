@@ -1,11 +1,12 @@
-"""Next-token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeds.
+"""Next-token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence / frequency
+penalties, seeds.
 
 Shape letters: B sequences (rows of the logits), V vocabulary.
 
 One call samples a whole batch; each row has its own :class:`SamplingParams`. The order of the
-transforms is the usual one (as in HF ``generate``): repetition penalty → temperature → top-k →
-top-p → min-p → sample. ``temperature == 0`` is greedy (argmax, lowest id on ties) and ignores the
-other filters except the repetition penalty.
+transforms is the usual one (as in HF ``generate``): repetition penalty → presence / frequency
+penalties → temperature → top-k → top-p → min-p → sample. ``temperature == 0`` is greedy (argmax, lowest
+id on ties) and ignores the other filters except the penalties.
 
 Reproducibility: a row with a ``seed`` draws from its own ``torch.Generator`` (created by the engine per
 request), so its tokens do not depend on what else is in the batch, on batch order or on preemption.
@@ -36,6 +37,10 @@ class SamplingParams:
     min_p : drop tokens with probability < min_p · (max probability) (0 = off)
     repetition_penalty : > 1 discourages tokens already in the prompt or output (HF/CTRL rule:
         positive logits divided, negative multiplied); 1 = off
+    presence_penalty : subtracted once from the logit of every token already generated (OpenAI rule,
+        in [-2, 2]; the prompt does not count); 0 = off
+    frequency_penalty : subtracted from a token's logit once per time it was generated (OpenAI rule,
+        in [-2, 2]); 0 = off
     seed : seeds this request's own generator (reproducible); None draws from the engine's generator
     stop : stop strings; generation ends when the output text contains one (the text is cut before it)
     stop_token_ids : extra token ids that end generation (besides the tokenizer's EOS)
@@ -48,6 +53,8 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
@@ -70,12 +77,20 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.repetition_penalty > 0.0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """A penalty reads the tokens seen so far (``sample``'s ``seen`` / ``generated``)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 def _penalize(logits: torch.Tensor, rows: list[int], penalties: list[float],
@@ -88,6 +103,20 @@ def _penalize(logits: torch.Tensor, rows: list[int], penalties: list[float],
             continue
         vals = logits[r].index_select(0, ids)
         logits[r].index_copy_(0, ids, torch.where(vals > 0, vals / pen, vals * pen))
+
+
+def _presence_frequency(logits: torch.Tensor, rows: list[int], params: Sequence[SamplingParams],
+                        generated: Sequence[Sequence[int]]) -> None:
+    """In place: ``logits[r, t] -= presence · [count_t > 0] + frequency · count_t`` where ``count_t`` is how
+    often row r generated token t. Example: generated [5, 5, 7], presence 0.5, frequency 0.25 → token 5
+    loses 0.5 + 0.5 = 1.0, token 7 loses 0.75."""
+    for r in rows:
+        if not generated[r]:
+            continue
+        ids, counts = torch.as_tensor(list(generated[r]), dtype=torch.int64, device=logits.device).unique(
+            return_counts=True)
+        p = params[r]
+        logits[r].index_add_(0, ids, -(p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)))
 
 
 def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -125,7 +154,8 @@ def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None],
-           seen: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+           seen: Sequence[Sequence[int]] | None = None,
+           generated: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
     """Sample one token per row.
 
     Parameters
@@ -135,6 +165,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     params : B SamplingParams
     generators : B generators (or None: torch's default generator) used by the non-greedy rows
     seen : B token lists (prompt + generated so far); needed when a row has repetition_penalty ≠ 1
+    generated : B token lists (generated so far); needed when a row has a presence / frequency penalty
 
     Returns
     -------
@@ -149,6 +180,11 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         if seen is None:
             raise ValueError("sample: repetition_penalty needs `seen` (the tokens of each sequence)")
         _penalize(x, pen_rows, [params[i].repetition_penalty for i in pen_rows], seen)
+    pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+    if pf_rows:
+        if generated is None:
+            raise ValueError("sample: presence / frequency penalties need `generated` (each row's output tokens)")
+        _presence_frequency(x, pf_rows, params, generated)
     out = x.argmax(dim=-1)
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rand_rows:

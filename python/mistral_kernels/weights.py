@@ -1,15 +1,8 @@
 """Checkpoint loading: HF directories, Mistral consolidated directories and GGUF files → fused weights.
 
-The format is decided by what the path contains (DESIGN.md §6), never by model-family names:
-
-==================  =============================================  ==========  =======================
-format              detected by                                    config      RoPE layout of q/k
-==================  =============================================  ==========  =======================
-``hf``              directory with ``config.json`` + safetensors   config.json neox (HF), no permutation
-``consolidated``    directory with ``params.json`` +               params.json interleaved, no permutation
-                    ``consolidated*.safetensors``
-``gguf``            file starting with the bytes ``GGUF``          metadata    interleaved, no permutation
-==================  =============================================  ==========  =======================
+Formats are detected and their tensors read by :mod:`mistral_kernels.formats` (docs/design.md §6); the
+config comes from :func:`mistral_kernels.config.load_config`. The RoPE layout of q/k follows the format
+(HF: neox; consolidated and GGUF: interleaved); no format's weights are permuted.
 
 Every format is first renamed to one *canonical* unfused naming (below), checked against the shapes
 the config implies (missing / unexpected / mis-shaped tensors are reported together), then loaded
@@ -33,23 +26,19 @@ Fused names returned by :func:`load_checkpoint`: ``embed, norm, lm_head?`` and p
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .config import ModelConfig
+from .config import ModelConfig, load_config
+from .formats import CheckpointError, Index, TensorSource, detect_format, open_tensors
 
+# CheckpointError and detect_format are defined in formats.py and re-exported here.
 __all__ = ["CheckpointError", "detect_format", "expected_shapes", "load_checkpoint"]
-
-
-class CheckpointError(ValueError):
-    """The checkpoint cannot be loaded: unknown format, or tensors missing / unexpected / mis-shaped."""
 
 
 # ---------------------------------------------------------------------------------------------- naming
@@ -102,7 +91,11 @@ _GGUF_RULES: list[_Rule] = [
     (r"blk\.(\d+)\.ffn_up\.(?P<expert>\d+)\.weight", r"layers.\1.experts.w3", 1),
     (r"blk\.(\d+)\.ffn_down\.(?P<expert>\d+)\.weight", r"layers.\1.experts.w2", 1),
 ]
-_IGNORED = re.compile(r".*rotary_emb\.inv_freq")  # a buffer some old HF checkpoints saved
+_RULES = {"hf": _HF_RULES, "consolidated": _CONSOLIDATED_RULES, "gguf": _GGUF_RULES}
+# a buffer some old HF checkpoints saved; the vision encoder of Pixtral / Mistral Small 3.x consolidated
+# checkpoints (the text decoder is loaded alone); GGUF RoPE factors (read into the config by load_config)
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq|(vision_encoder|vision_language_adapter|patch_merger"
+                      r"|pre_mm_projector_norm)\..*|rope_freqs\.weight")
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -124,8 +117,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-# ---------------------------------------------------------------------------------------------- sources
-Index = tuple[slice, ...]  # one slice per dim (tensor-parallel shards, see parallel.shard_index)
+# ---------------------------------------------------------------------------------------------- entries
 ShardFn = Callable[[ModelConfig, str], "tuple[slice, ...] | None"]  # (config, canonical name) → part to read
 
 
@@ -141,89 +133,8 @@ class _Entry:
     origin: str  # tensor name(s) in the file, for messages
 
 
-@dataclass
-class _Source:
-    """The tensors of a checkpoint: name → shape, and a reader ``read(name, index=None)`` returning fp32 or
-    native-dtype tensors (``index``: one slice per dim, read only that part)."""
-
-    shapes: dict[str, tuple[int, ...]]
-    read: Callable[..., torch.Tensor]
-    closers: list[contextlib.AbstractContextManager] = field(default_factory=list)
-
-
-def detect_format(path: str | Path) -> str:
-    """``"hf"``, ``"consolidated"`` or ``"gguf"`` from what ``path`` contains (see module docstring)."""
-    p = Path(path)
-    if p.is_file():
-        with p.open("rb") as f:
-            if f.read(4) == b"GGUF":
-                return "gguf"
-        raise CheckpointError(f"{p} is a file but not a GGUF file (no 'GGUF' magic); pass a .gguf file or a "
-                              "checkpoint directory")
-    if not p.is_dir():
-        raise CheckpointError(f"checkpoint path {p} does not exist")
-    if (p / "config.json").is_file() and _hf_files(p):
-        return "hf"
-    if (p / "params.json").is_file() and sorted(p.glob("consolidated*.safetensors")):
-        return "consolidated"
-    raise CheckpointError(
-        f"{p}: not a checkpoint directory — expected config.json + *.safetensors (HF) or params.json + "
-        f"consolidated*.safetensors (Mistral); found {sorted(q.name for q in p.iterdir())[:20]}")
-
-
-def _hf_files(p: Path) -> list[Path]:
-    index = p / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [p / f for f in sorted(set(weight_map.values()))]
-    return [f for f in sorted(p.glob("*.safetensors")) if not f.name.startswith("consolidated")]
-
-
-def _safetensors_source(files: list[Path]) -> _Source:
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    handles: dict[str, object] = {}
-    closers: list[contextlib.AbstractContextManager] = []
-    for file in files:
-        if not file.is_file():
-            raise CheckpointError(f"safetensors shard {file} is missing")
-        handle = safe_open(str(file), framework="pt")  # memory-mapped
-        closers.append(handle)
-        for name in handle.keys():
-            shapes[name] = tuple(handle.get_slice(name).get_shape())
-            handles[name] = handle
-    def read(name: str, index: Index | None = None) -> torch.Tensor:
-        if index is None:
-            return handles[name].get_tensor(name)
-        return handles[name].get_slice(name)[index]  # reads only the selected bytes
-
-    return _Source(shapes, read, closers)
-
-
-def _gguf_source(path: Path) -> tuple[_Source, object]:
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
-
-    def read(name: str, index: Index | None = None) -> torch.Tensor:
-        if index is not None:  # GGUF: dequantize the whole tensor, keep the shard
-            return read(name)[index].clone()
-        t = tensors[name]
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise CheckpointError(f"{path}: tensor {name} has type {t.tensor_type.name}, which the gguf package "
-                                  "cannot dequantize") from exc
-        return torch.from_numpy(np.array(array, dtype=np.float32).reshape(tuple(reversed(t.shape.tolist()))))
-
-    shapes = {name: tuple(reversed(t.shape.tolist())) for name, t in tensors.items()}  # ggml lists dims reversed
-    return _Source(shapes, read), reader
-
-
 # ---------------------------------------------------------------------------------------------- loading
-def _rename(source: _Source, rules: list[_Rule]) -> tuple[dict[str, _Entry], list[str]]:
+def _rename(source: TensorSource, rules: list[_Rule]) -> tuple[dict[str, _Entry], list[str]]:
     """Map file tensors to canonical entries; per-expert tensors are stacked. Returns (entries, unexpected)."""
     compiled = [(re.compile(pattern), template, split) for pattern, template, split in rules]
     entries: dict[str, _Entry] = {}
@@ -318,15 +229,8 @@ def load_checkpoint(
     """
     path = Path(path)
     fmt = detect_format(path)
-    if fmt == "gguf":
-        source, reader = _gguf_source(path)
-        config, rules = ModelConfig.from_gguf_metadata(reader), _GGUF_RULES
-    elif fmt == "hf":
-        config = ModelConfig.from_hf_config(json.loads((path / "config.json").read_text()))
-        source, rules = _safetensors_source(_hf_files(path)), _HF_RULES
-    else:
-        config = ModelConfig.from_params_json(json.loads((path / "params.json").read_text()))
-        source, rules = _safetensors_source(sorted(path.glob("consolidated*.safetensors"))), _CONSOLIDATED_RULES
+    config = load_config(path)
+    source, rules = open_tensors(path, fmt), _RULES[fmt]
     with contextlib.ExitStack() as stack:
         for closer in source.closers:
             stack.enter_context(closer)

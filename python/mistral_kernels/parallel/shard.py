@@ -1,4 +1,4 @@
-"""Tensor and expert parallelism on ``torch.distributed``: the process group and the shard rules.
+"""Shard rules of tensor and expert parallelism: which part of every weight a rank holds.
 
 Shape letters: H hidden, I intermediate (per expert for MoE), Hq / Hkv heads, D head_dim, E experts,
 tp ranks (the world size), r a rank.
@@ -6,7 +6,9 @@ tp ranks (the world size), r a rank.
 Megatron-style tensor parallelism, one all-reduce after the attention output projection and one after
 the FFN (dense or MoE) of every layer; everything else (embedding, norms, router, LM head) is replicated,
 so every rank ends a step with the same fp32 logits [N, V] and samples the same tokens (the engine also
-broadcasts rank 0's sampled ids, see :meth:`ParallelContext.broadcast_tokens`).
+broadcasts rank 0's sampled ids, see :meth:`~mistral_kernels.parallel.ParallelContext.broadcast_tokens`).
+These are pure functions of a :class:`~mistral_kernels.config.ModelConfig`; the process group is in
+:mod:`.context`, the rank's decoder layers in :mod:`.layers`.
 
 ===================  ====================  ===========================================================
 canonical weight     split                 rank r holds
@@ -35,16 +37,10 @@ the all-reduce adds them (ranks 1 and 3 contribute zeros).
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Any
+from ..config import ModelConfig
 
-import torch
-
-from .config import ModelConfig
-
-__all__ = ["MOE_MODES", "ParallelContext", "check_shardable", "expert_range", "head_range", "kv_head_range",
-           "local_config", "parameters_per_rank", "shard_index"]
+__all__ = ["MOE_MODES", "check_shardable", "expert_range", "head_range", "kv_head_range", "local_config",
+           "parameters_per_rank", "shard_index"]
 
 MOE_MODES = ("expert", "tensor")
 
@@ -163,81 +159,3 @@ def shard_index(config: ModelConfig, name: str, rank: int, tp: int,
         lead = (whole,) if is_expert else ()
         return (*lead, cols) if kind != "w2" else (*lead, whole, cols)
     return None  # embed, norms, router gate, lm_head: replicated
-
-
-@dataclass(frozen=True)
-class ParallelContext:
-    """One rank's view of the tensor-parallel group.
-
-    Attributes
-    ----------
-    rank, world_size : this rank and tp
-    group : the ``torch.distributed`` process group (None = the default group)
-    moe : ``"expert"`` (default: each rank owns E/tp whole experts) or ``"tensor"`` (I/tp of every expert)
-    """
-
-    rank: int
-    world_size: int
-    group: Any = None
-    moe: str = "expert"
-
-    def __post_init__(self) -> None:
-        if self.moe not in MOE_MODES:
-            raise ValueError(f"ParallelContext.moe must be one of {MOE_MODES}, got {self.moe!r}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"ParallelContext: rank {self.rank} outside [0, world_size={self.world_size})")
-
-    @property
-    def is_first(self) -> bool:
-        """Rank 0: the one that prints."""
-        return self.rank == 0
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the ranks in place (returns it)."""
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(t, group=self.group)
-        return t
-
-    def broadcast_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rank 0's sampled token ids on every rank, so all ranks' sequences stay identical even when
-        sampling draws from per-rank random generators."""
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            ids = ids.contiguous()
-            dist.broadcast(ids, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0,
-                           group=self.group)
-        return ids
-
-    def shard(self, config: ModelConfig, name: str) -> tuple[slice, ...] | None:
-        """:func:`shard_index` for this rank."""
-        return shard_index(config, name, self.rank, self.world_size, self.moe)
-
-    def local_config(self, config: ModelConfig) -> ModelConfig:
-        return local_config(config, self.rank, self.world_size, self.moe)
-
-    @classmethod
-    def init_from_env(cls, tp: int, device: str = "cpu", moe: str = "expert") -> tuple[ParallelContext, str]:
-        """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
-
-        Backend NCCL for ``device`` cuda (each rank on ``cuda:LOCAL_RANK``), gloo for cpu. Returns the
-        context and the rank's device. Raises ValueError when WORLD_SIZE is not ``tp``.
-        """
-        import torch.distributed as dist
-
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world != tp:
-            raise ValueError(f"--tp {tp} must equal the number of processes (WORLD_SIZE={world}); launch with "
-                             f"`torchrun --nproc-per-node {tp} -m mistral_kernels generate --tp {tp} ...`")
-        rank = int(os.environ.get("RANK", "0"))
-        if device.startswith("cuda"):
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-            torch.cuda.set_device(device)
-            backend = "nccl"
-        else:
-            backend = "gloo"
-        if tp > 1 and not dist.is_initialized():
-            dist.init_process_group(backend=backend, rank=rank, world_size=world)
-        return cls(rank=rank, world_size=world, moe=moe), device

@@ -1,4 +1,4 @@
-"""The decoder layer of one tensor-parallel rank (shard rules and worked examples in :mod:`.parallel`).
+"""The decoder layer of one tensor-parallel rank (shard rules and worked examples in :mod:`.shard`).
 
 Shape letters: T tokens, H hidden, I intermediate (local: I/tp unless experts are split whole), E experts
 (El = E/tp local experts), k top-k, M = T·k permuted rows.
@@ -14,11 +14,12 @@ from types import ModuleType
 
 import torch
 
-from . import ops
-from .batch import AttentionBatch
-from .config import ModelConfig
-from .model import DecoderLayer
-from .parallel import ParallelContext, expert_range
+from .. import ops
+from ..batch import AttentionBatch
+from ..config import ModelConfig
+from ..model import DecoderLayer
+from .context import ParallelContext
+from .shard import expert_range
 
 __all__ = ["ShardedDecoderLayer"]
 

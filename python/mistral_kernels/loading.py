@@ -1,0 +1,34 @@
+"""``load_model``: a checkpoint path → a :class:`~mistral_kernels.model.Model`, in one process or as one
+tensor-parallel rank (:class:`~mistral_kernels.parallel.ShardedModel`).
+
+This module composes the loader (:mod:`.weights`), the decoder (:mod:`.model`) and parallelism
+(:mod:`.parallel`), so that none of those imports another's layer above it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .model import Model
+from .parallel import ParallelContext, ShardedModel
+from .weights import load_checkpoint
+
+__all__ = ["load_model"]
+
+
+def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               progress: bool = True, parallel: ParallelContext | None = None) -> Model:
+    """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
+
+    The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
+    metadata); RoPE layout follows the format; weights are not permuted. With ``parallel`` each rank reads
+    only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`) and gets a
+    :class:`~mistral_kernels.parallel.ShardedModel`.
+    """
+    if parallel is None:
+        config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress)
+        return Model(config, weights)
+    config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, shard=parallel.shard)
+    return ShardedModel(config, weights, parallel)

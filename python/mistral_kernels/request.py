@@ -1,0 +1,85 @@
+"""One generation request's host state, shared by the scheduler, the model runner and the output processor.
+
+The scheduler advances ``num_computed`` (tokens whose k/v are in the cache) and counts preemptions; the
+output processor appends ``output_ids`` and sets the finish reason; the runner reads the token ids, the
+sampling parameters and the request's own random generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+
+__all__ = ["Request", "RequestTimings"]
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock seconds (``time.perf_counter``) of one request's life."""
+
+    arrival: float = 0.0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def total(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+@dataclass
+class Request:
+    """A request inside the engine.
+
+    Attributes
+    ----------
+    rid : engine id (arrival order)
+    prompt_ids : the prompt as fed to the model
+    params : sampling and stopping parameters
+    generator : the request's own generator (seeded sampling), None = the runner's shared one
+    timings : arrival / first scheduled / first token / finished
+    output_ids : generated tokens so far
+    num_computed : tokens (prompt + output) whose k/v are in the KV cache; 0 again after a preemption
+    num_preemptions : how often the request was preempted and recomputed
+    finish_reason : None while running; "stop" or "length"
+    stop_reason : the matched stop string or stop / EOS token id
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    timings: RequestTimings
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt + generated tokens."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """Tokens at positions ``start`` … ``stop``-1 of prompt + output (without copying the whole sequence).
+
+        Prompt [5, 6, 7], output [8, 9]: ``token_ids(2, 4)`` → [7, 8].
+        """
+        n = len(self.prompt_ids)
+        if stop <= n:
+            return self.prompt_ids[start:stop]
+        if start >= n:
+            return self.output_ids[start - n:stop - n]
+        return self.prompt_ids[start:] + self.output_ids[:stop - n]

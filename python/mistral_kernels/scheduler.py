@@ -1,0 +1,215 @@
+"""The scheduler: each step, decide which requests run how many tokens — within the token budget, the batch
+cap and the free KV blocks — and which are preempted.
+
+Pure host bookkeeping over Python ints (no tensors): it owns the waiting and running queues and the
+:class:`~mistral_kernels.cache.BlockManager`; the model runner turns its :class:`SchedulerOutput` into
+tensors. One :meth:`Scheduler.schedule`:
+
+1. running requests first, in arrival order: a decoding request brings its 1 new token; one still in
+   (chunked) prefill brings up to the remaining budget of its prompt;
+2. then waiting requests are admitted (arrival order) while budget, batch slots and KV blocks last.
+
+When a running request cannot get the block it needs, the most recently arrived running request is
+*preempted*: its blocks are freed and it goes back to the waiting queue with its tokens so far (prompt +
+generated), to be recomputed by a later prefill; its sampler state (own generator) is untouched, so its
+output is the same as without pressure. Waiting requests simply wait for blocks.
+
+Worked example (block_size 4, 3 free blocks, budget 8). Running: A (arrived first; 4 tokens cached in
+1 full block, decoding its 5th) and B (8 cached in 2 full blocks, decoding its 9th); waiting: C (prompt of
+6 tokens). A's 5th token needs a 2nd block (2 free left), B's 9th a 3rd block (1 free left). C wants
+min(6, budget 8-2) = 6 tokens = 2 blocks; only a 3-token chunk fits, and a sliver is not admitted while
+others run, so C waits. Chunks: A 1 token after 4 cached, B 1 token after 8 cached.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .cache import BlockManager, OutOfBlocksError
+from .request import Request
+
+__all__ = ["ScheduledChunk", "Scheduler", "SchedulerOutput"]
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """``num_new`` tokens of one request in this step, after ``num_cached`` already in the cache.
+
+    Attributes
+    ----------
+    request : the request
+    num_cached, num_new : tokens before the chunk (in the cache) and in it
+    token_ids : the chunk's tokens (positions num_cached … num_cached+num_new-1 of prompt + output)
+    block_table : the request's KV blocks after allocation (logical block → physical id)
+    samples : the chunk reaches the end of the request's known tokens: its last row is sampled
+    is_decode : one new token right after generated ones (a decode, not a prefill, for the stats)
+    """
+
+    request: Request
+    num_cached: int
+    num_new: int
+    token_ids: list[int]
+    block_table: list[int]
+    samples: bool
+    is_decode: bool
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan: the chunks in batch order, the KV block size, and how many requests were preempted."""
+
+    chunks: list[ScheduledChunk]
+    block_size: int
+    num_preempted: int
+
+    @property
+    def sampling_requests(self) -> list[Request]:
+        """Requests whose chunk samples a token, in batch order (the rows of the step's logits)."""
+        return [c.request for c in self.chunks if c.samples]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """New tokens of the chunks that are not decodes (prompt tokens, recomputation included)."""
+        return sum(c.num_new for c in self.chunks if not c.is_decode)
+
+
+class Scheduler:
+    """Waiting / running queues over a block pool (see the module docstring for the policy).
+
+    Parameters
+    ----------
+    blocks : the KV block pool
+    max_batch : most requests in one step
+    max_tokens_per_step : token budget of one step (prefill chunks are cut to it)
+    """
+
+    def __init__(self, blocks: BlockManager, max_batch: int, max_tokens_per_step: int) -> None:
+        if max_batch < 1:
+            raise ValueError(f"Engine: max_batch must be ≥ 1, got {max_batch}")
+        if max_tokens_per_step < max_batch:
+            raise ValueError(f"Engine: max_tokens_per_step={max_tokens_per_step} must be ≥ max_batch={max_batch}")
+        self.blocks = blocks
+        self.max_batch = max_batch
+        self.max_tokens_per_step = max_tokens_per_step
+        self._waiting: list[Request] = []  # sorted by rid (arrival order)
+        self._running: list[Request] = []  # sorted by rid
+
+    # ------------------------------------------------------------------ queues
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def request_ids(self) -> list[int]:
+        """Ids of the unfinished requests: waiting, then running."""
+        return [r.rid for r in self._waiting + self._running]
+
+    def check_fits(self, num_prompt: int, max_new_tokens: int) -> None:
+        """Raise a ValueError if a request of this size could not fit in the pool even alone."""
+        total = num_prompt + max_new_tokens
+        need = self.blocks.max_blocks_per_sequence(total, chunk=1)
+        if need > self.blocks.num_blocks:
+            raise ValueError(
+                f"add_request: the request needs {need} KV blocks of {self.blocks.block_size} tokens "
+                f"(prompt {num_prompt} + max_new_tokens {max_new_tokens}) but the cache has only "
+                f"{self.blocks.num_blocks}; raise num_blocks (--num-blocks) or lower max_new_tokens")
+
+    def add(self, request: Request) -> None:
+        """Queue a new request (its rid must be larger than every queued one)."""
+        self._waiting.append(request)
+
+    def abort(self, rid: int) -> Request | None:
+        """Remove an unfinished request (waiting or running) and free its blocks; None if it is not queued."""
+        for queue in (self._waiting, self._running):
+            for r in queue:
+                if r.rid == rid:
+                    queue.remove(r)
+                    self.blocks.free(rid)
+                    return r
+        return None
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished running request and free its blocks."""
+        self._running.remove(request)
+        self.blocks.free(request.rid)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's chunks (allocating their KV blocks), preempting when blocks run out."""
+        budget = self.max_tokens_per_step
+        chosen: list[tuple[Request, int]] = []
+        preempted = 0
+        # 1. running requests, oldest first; preempt the newest when blocks run out.
+        i = 0
+        while i < len(self._running) and budget > 0 and len(chosen) < self.max_batch:
+            r = self._running[i]
+            want = min(r.num_tokens - r.num_computed, budget)
+            got = self._try_allocate(r, want)
+            while got == 0:
+                victim = self._running[-1]
+                if victim is r:
+                    break
+                self._preempt(victim)
+                preempted += 1
+                got = self._try_allocate(r, want)
+            if got == 0:  # r itself is the newest: it yields its blocks and waits
+                self._preempt(r)
+                preempted += 1
+                continue
+            chosen.append((r, got))
+            budget -= got
+            i += 1
+        # 2. admit waiting requests, oldest first, while blocks last (no preemption for newcomers).
+        while self._waiting and budget > 0 and len(chosen) < self.max_batch:
+            r = self._waiting[0]
+            want = min(r.num_tokens - r.num_computed, budget)
+            got = self._try_allocate(r, want)
+            if got == 0 or (got < want and chosen):
+                if got:
+                    self.blocks.free(r.rid)  # only a sliver fits while others run: wait for a full chunk
+                break
+            self._waiting.pop(0)
+            self._running.append(r)
+            self._running.sort(key=lambda x: x.rid)
+            if r.timings.first_scheduled is None:
+                r.timings.first_scheduled = time.perf_counter()
+            chosen.append((r, got))
+            budget -= got
+        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted)
+
+    def commit(self, output: SchedulerOutput) -> None:
+        """After the step's forward: the chunks' k/v are in the cache."""
+        for c in output.chunks:
+            c.request.num_computed += c.num_new
+
+    def _chunk(self, r: Request, n: int) -> ScheduledChunk:
+        c = r.num_computed
+        return ScheduledChunk(
+            request=r, num_cached=c, num_new=n, token_ids=r.token_ids(c, c + n),
+            block_table=list(self.blocks.block_table(r.rid)), samples=c + n == r.num_tokens,
+            is_decode=n == 1 and c == r.num_tokens - 1 and bool(r.output_ids))
+
+    def _preempt(self, r: Request) -> None:
+        self.blocks.free(r.rid)
+        r.num_computed = 0
+        r.num_preemptions += 1
+        self._running.remove(r)
+        self._waiting.append(r)
+        self._waiting.sort(key=lambda x: x.rid)
+
+    def _try_allocate(self, r: Request, num_new: int) -> int:
+        """Allocate blocks for ``num_new`` tokens of ``r`` (shrinking the chunk when only a smaller one fits);
+        returns the tokens granted, 0 if none."""
+        while num_new >= 1:
+            try:
+                self.blocks.allocate(r.rid, r.num_computed, r.num_computed + num_new)
+                return num_new
+            except OutOfBlocksError:
+                if num_new == 1:
+                    return 0
+                num_new = max(1, num_new // 2)
+        return 0

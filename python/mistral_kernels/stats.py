@@ -1,0 +1,100 @@
+"""Engine counters: prompt / decode tokens and seconds, the bytes decode steps read, preemptions.
+
+A step with any prefill token counts as prefill time (tokens: the prompt tokens computed, recomputation
+included); a decode-only step counts as decode time and as the memory traffic of
+:class:`DecodeTraffic` (the decode roofline: weights + KV bytes per step / bandwidth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .scheduler import SchedulerOutput
+
+__all__ = ["DecodeTraffic", "EngineStats", "weight_bytes"]
+
+
+@dataclass
+class EngineStats:
+    """Counters for the stats line. Steps with any prefill token count as prefill time (tokens: the prompt
+    tokens computed, recomputation included); decode-only steps count as decode time."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_bytes: float = 0.0  # weights + KV bytes read by decode-only steps
+    steps: int = 0
+    preemptions: int = 0
+
+    @property
+    def prompt_tok_per_s(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def decode_tok_per_s(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def decode_gb_per_s(self) -> float:
+        return self.decode_bytes / self.decode_seconds / 1e9 if self.decode_seconds else 0.0
+
+    def record_step(self, output: SchedulerOutput, num_sampled: int, seconds: float, traffic: DecodeTraffic) -> None:
+        """Count one executed step (preemptions are counted by the caller, also for steps that run nothing)."""
+        self.steps += 1
+        prefill = output.num_prefill_tokens
+        if prefill:
+            self.prompt_tokens += prefill
+            self.prompt_seconds += seconds
+        else:
+            self.decode_tokens += num_sampled
+            self.decode_seconds += seconds
+            self.decode_bytes += traffic.step_bytes(c.num_cached + c.num_new for c in output.chunks)
+
+
+@dataclass(frozen=True)
+class DecodeTraffic:
+    """Bytes one decode step reads: every weight once, plus the k/v of the keys each sequence attends to
+    (min(seq_len, W) tokens with a sliding window W).
+
+    Example: 1 GB of weights, 131,072 KV bytes per token (Mistral-7B bf16), W = 4096, two sequences of
+    100 and 5000 tokens → 1e9 + (100 + 4096) · 131072 bytes.
+    """
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    sliding_window: int | None
+
+    @classmethod
+    def of(cls, model: Any) -> DecodeTraffic:
+        c = model.config
+        return cls(weight_bytes(model), c.kv_bytes_per_token(model.dtype), c.sliding_window)
+
+    def step_bytes(self, seq_lens: Iterable[int]) -> int:
+        """Bytes read by a decode step over sequences of these lengths (cached + new tokens)."""
+        w = self.sliding_window
+        kv_tokens = sum(min(n, w) if w else n for n in seq_lens)
+        return self.weight_bytes + kv_tokens * self.kv_bytes_per_token
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the weights one decode step reads (every matrix once; the embedding only by rows)."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+
+    for layer in getattr(model, "layers", []):
+        for v in vars(layer).values():
+            add(v)
+    add(getattr(model, "norm", None))
+    add(getattr(model, "lm_head", None))
+    return total

@@ -1,0 +1,110 @@
+"""The package's import graph: no cycles (module-level and function-level imports alike), and the decoder does
+not know about parallelism.
+
+The graph is read from the source with ``ast`` (no import runs), so a cycle hidden behind a lazy import in a
+function body is found too. ``from .x import y`` is an edge to ``x`` and, when ``x.y`` is a module, to
+``x.y``; ``from . import y`` is an edge to the sibling module ``y``. Enclosing packages are no edges (Python
+initialises them first); ``TYPE_CHECKING`` blocks count as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import mistral_kernels
+
+PACKAGE = Path(mistral_kernels.__file__).resolve().parent
+ROOT = "mistral_kernels"
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name → file, for every .py of the package (``pkg/__init__.py`` is ``pkg``)."""
+    out: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join((ROOT, *parts))] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Package modules that ``name`` imports anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]  # package the relative import starts from
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[:len(base) - (node.level - 1)]
+                target = ".".join(anchor + (node.module.split(".") if node.module else []))
+            else:
+                target = node.module or ""
+            if target in modules and not name.startswith(target + "."):  # not an enclosing package
+                found.add(target)
+            found |= {f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules}
+    found.discard(name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path [a, b, ..., a], or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_graph_sees_lazy_and_relative_imports() -> None:
+    graph = _graph()
+    assert "mistral_kernels.ops" in graph["mistral_kernels.model"]                 # from . import ops
+    assert "mistral_kernels.model" in graph["mistral_kernels.parallel.layers"]     # from ..model import ...
+    assert "mistral_kernels.default_model" in graph["mistral_kernels.cli"]         # inside a function
+
+
+def test_no_import_cycles() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " → ".join(cycle)
+
+
+def test_model_does_not_import_parallel() -> None:
+    graph = _graph()
+    for module in ("mistral_kernels.model", "mistral_kernels.batch", "mistral_kernels.config",
+                   "mistral_kernels.weights"):
+        assert not {m for m in graph[module] if m.startswith("mistral_kernels.parallel")}, module
+
+
+
+def test_scheduler_is_host_only() -> None:
+    tree = ast.parse((PACKAGE / "scheduler.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
