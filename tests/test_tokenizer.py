@@ -1,5 +1,6 @@
 """Tokenizers vs their references: the SmolLM2 GGUF tokenizer vs transformers' (ids, chat prompt), an HF
-tokenizer.json directory, mistral-common tekken / SentencePiece files, and streaming decode."""
+tokenizer.json directory, mistral-common tekken / SentencePiece files, and streaming decode. (The SentencePiece
+GGUF branch vs sentencepiece: test_tokenizer_gguf_spm.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from mistral_kernels import load_tokenizer
 from mistral_kernels.default_model import default_model_path
-from mistral_kernels.tokenizer import HFTokenizer, MistralCommonTokenizer
+from mistral_kernels.tokenization import HFTokenizer, IncrementalDecoder, MistralCommonTokenizer, StreamDecoder
 
 TEXTS = [
     "Hello world",
@@ -120,6 +121,9 @@ def _stream(tok, ids: list[int]) -> list[str]:
 
 def test_incremental_decode_multibyte_and_spaces(smol: HFTokenizer) -> None:
     tokenizers = [smol] + [load_tokenizer(p) for p in _mistral_common_files()]
+    # tokenizers-backed kinds stream through tokenizers' DecodeStream; mistral-common re-decodes a window
+    assert [type(t.incremental_decoder()) for t in tokenizers] == [StreamDecoder, IncrementalDecoder,
+                                                                   IncrementalDecoder]
     for tok in tokenizers:
         for text in TEXTS:
             ids = tok.encode(text, add_special_tokens=False)
@@ -135,6 +139,24 @@ def test_incremental_decode_multibyte_and_spaces(smol: HFTokenizer) -> None:
     spm = load_tokenizer(_mistral_common_files()[1])
     ids = spm.encode("Hello world again", add_special_tokens=False)
     assert "".join(_stream(spm, ids)) == "Hello world again"
+
+
+def test_incremental_decoder_is_reusable_after_flush(smol: HFTokenizer) -> None:
+    """flush ends a text; the next push starts a new one (no context carried over)."""
+    for tok in [smol, load_tokenizer(_mistral_common_files()[1])]:
+        dec = tok.incremental_decoder()
+        for text in ["Héllo 😀 wörld", "日本語 again"]:
+            ids = tok.encode(text, add_special_tokens=False)
+            assert "".join(dec.push([i]) for i in ids) + dec.flush() == tok.decode(ids), (tok.kind, text)
+
+
+def test_compat_module_reexports() -> None:
+    import mistral_kernels.tokenization as new
+    import mistral_kernels.tokenizer as old
+
+    for name in ["Tokenizer", "IncrementalDecoder", "HFTokenizer", "MistralCommonTokenizer", "load_tokenizer",
+                 "Message"]:
+        assert getattr(old, name) is getattr(new, name), name
 
 
 def test_bad_paths(tmp_path: Path) -> None:

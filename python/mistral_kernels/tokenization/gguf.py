@@ -6,22 +6,36 @@ A GGUF carries no tokenizer.json; llama.cpp stores the vocabulary under ``tokeni
   merges given) or ``"llama"`` (SentencePiece BPE: ``▁`` for spaces, ``<0xNN>`` byte-fallback tokens, a score per
   token and usually no merges — they are rebuilt from the scores);
 - ``tokenizer.ggml.pre``: which regex splits the text before BPE (``"smollm"``, ``"llama-bpe"``, ``"tekken"``…);
-- ``tokenizer.ggml.token_type``: 1 normal, 2 unknown, 3 control (special), 4 user-defined, 6 byte;
+- ``tokenizer.ggml.token_type``: 1 normal, 2 unknown, 3 control (special), 4 user-defined, 5 unused, 6 byte
+  (SentencePiece's own piece types, same numbers);
 - ``tokenizer.ggml.{bos,eos,unknown,padding}_token_id``, ``tokenizer.ggml.add_bos_token``,
   ``tokenizer.chat_template``.
 
-:func:`read_gguf_tokenizer` returns the built tokenizer plus a config dict (special tokens, chat template) in
-the shape of an HF ``tokenizer_config.json``.
+:func:`load_gguf_tokenizer` builds the ``tokenizers.Tokenizer`` plus a config dict (special tokens, chat
+template) in the shape of an HF ``tokenizer_config.json``.
+
+SentencePiece (``"llama"``) text handling, pinned against ``sentencepiece`` itself on Mistral's tokenizer models
+(tests/test_tokenizer_gguf_spm.py): spaces become ``▁`` and the text gets one ``▁`` in front (the "dummy
+prefix", ``tokenizer.ggml.add_space_prefix``); user-defined pieces are matched in that normalized text. Control
+tokens are not text to SentencePiece; here they are matched in the raw text (chat templates spell them out)
+and, as llama.cpp does, each text part after one gets its own prefix. Worked example (Mistral v3 vocabulary,
+``[INST]`` control, ``[REFERENCE_DOC_1]`` user-defined)::
+
+    "x [REFERENCE_DOC_1] y"  ->  "▁x▁[REFERENCE_DOC_1]▁y"  ->  ▁x  ▁  [REFERENCE_DOC_1]  ▁y
+    "<s>[INST]Hi there"      ->  <s>  [INST]  "▁Hi▁there"  ->  <s>  [INST]  ▁Hi  ▁there
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from .gguf_metadata import read_gguf_metadata
+from ..gguf_metadata import read_gguf_metadata
+from .hf import HFTokenizer
 
 # The regexes below are the pre-tokenizer splits named by `tokenizer.ggml.pre` (the same ones llama.cpp applies).
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -57,7 +71,7 @@ _PRE_SPLITS: dict[str, tuple[bool, str]] = {
     "qwen2": (False, _QWEN2_SPLIT),
 }
 
-_CONTROL, _USER_DEFINED = 3, 4
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -107,7 +121,7 @@ def _sentencepiece_model(tokens: list[str], scores: list[float], merges: list[st
         # SentencePiece BPE merges in the order of the merged piece's score (higher first).
         found: list[tuple[float, int, str, str]] = []
         for piece, index in vocab.items():
-            if token_types and token_types[index] != 1:
+            if token_types and token_types[index] != _NORMAL:
                 continue
             for cut in range(1, len(piece)):
                 left, right = piece[:cut], piece[cut:]
@@ -115,13 +129,11 @@ def _sentencepiece_model(tokens: list[str], scores: list[float], merges: list[st
                     found.append((-scores[index], index, left, right))
         found.sort()
         pairs = [(left, right) for _, _, left, right in found]
-    unk = next((t for t, ty in zip(tokens, token_types) if ty == 2), None)
+    unk = next((t for t, ty in zip(tokens, token_types) if ty == _UNKNOWN), None)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token=unk, fuse_unk=True, byte_fallback=True))
-    norm: list[Any] = []
-    if add_space_prefix:
-        norm.append(normalizers.Prepend("\u2581"))
-    norm.append(normalizers.Replace(" ", "\u2581"))
-    tok.normalizer = normalizers.Sequence(norm)
+    # The dummy prefix is added by SentencePieceTokenizer.encode, not by a Prepend normalizer: that would also
+    # prefix every text part after a user-defined piece, and rewrite the pieces themselves ("[R]" -> "▁[R]").
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.pre_tokenizer = None
     steps: list[Any] = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if add_space_prefix:
@@ -130,8 +142,27 @@ def _sentencepiece_model(tokens: list[str], scores: list[float], merges: list[st
     return tok
 
 
-def read_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
-    """Build the tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata.
+class SentencePieceTokenizer(HFTokenizer):
+    """A GGUF SentencePiece tokenizer: :class:`HFTokenizer` plus the dummy prefix of each text part (the
+    module docstring has the rules and a worked example)."""
+
+    def __init__(self, backend: Tokenizer, config: dict[str, Any], control_tokens: Sequence[str]) -> None:
+        super().__init__(backend, config, kind="gguf")
+        longest_first = sorted(control_tokens, key=len, reverse=True)  # leftmost-longest, like the backend
+        self._controls = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if longest_first else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return super().encode(self._with_dummy_prefix(text), add_special_tokens)
+
+    def _with_dummy_prefix(self, text: str) -> str:
+        """A space in front of every non-empty text part; the split alternates text parts and control tokens:
+        "<s>[INST]Hi" -> ["", "<s>", "", "[INST]", "Hi"] -> "<s>[INST] Hi"."""
+        parts = self._controls.split(text) if self._controls is not None else [text]
+        return "".join(" " + part if i % 2 == 0 and part else part for i, part in enumerate(parts))
+
+
+def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
+    """The tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata.
 
     Parameters
     ----------
@@ -140,9 +171,10 @@ def read_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
 
     Returns
     -------
-    (tokenizers.Tokenizer, dict)
-        The tokenizer (special tokens added, BOS post-processor when ``add_bos_token``) and a config with
-        ``bos_token``, ``eos_token``, ``bos_token_id``, ``eos_token_id``, ``add_bos_token``, ``chat_template``.
+    HFTokenizer
+        Kind "gguf"; its config has ``bos_token``, ``eos_token``, ``bos_token_id``, ``eos_token_id``,
+        ``add_bos_token``, ``chat_template``. BOS is added by a post-processor when ``add_bos_token``.
+        A SentencePiece vocabulary with ``add_space_prefix`` gives a :class:`SentencePieceTokenizer`.
     """
     meta = read_gguf_metadata(path)
     kind = meta.get("tokenizer.ggml.model")
@@ -153,6 +185,7 @@ def read_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
     merges = meta.get("tokenizer.ggml.merges")
     merges = list(merges) if merges is not None else None
     pre = meta.get("tokenizer.ggml.pre", "default")
+    add_space_prefix = kind == "llama" and bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     if kind == "gpt2":
         if merges is None:
             raise ValueError(f"{path}: byte-level BPE GGUF tokenizer has no tokenizer.ggml.merges")
@@ -160,18 +193,17 @@ def read_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
         add_bos_default = False
     elif kind == "llama":
         scores = list(meta.get("tokenizer.ggml.scores", []) or [0.0] * len(tokens))
-        tok = _sentencepiece_model(tokens, scores, merges, token_types,
-                                   bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+        tok = _sentencepiece_model(tokens, scores, merges, token_types, add_space_prefix)
         add_bos_default = True
     else:
         raise ValueError(f"{path}: GGUF tokenizer.ggml.model={kind!r} not supported (supported: 'gpt2', 'llama')")
 
-    specials = [AddedToken(t, special=True, normalized=False)
-                for t, ty in zip(tokens, token_types) if ty == _CONTROL]
-    user = [AddedToken(t, special=False, normalized=False)
+    controls = [t for t, ty in zip(tokens, token_types) if ty == _CONTROL]
+    if controls:  # matched in the raw text
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in controls])
+    # SentencePiece matches user-defined pieces in the normalized text (a piece "▁x" matches the text " x")
+    user = [AddedToken(t, special=False, normalized=kind == "llama")
             for t, ty in zip(tokens, token_types) if ty == _USER_DEFINED]
-    if specials:
-        tok.add_special_tokens(specials)
     if user:
         tok.add_tokens(user)
 
@@ -194,4 +226,6 @@ def read_gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, dict[str, Any]]:
         "add_bos_token": add_bos,
         "chat_template": meta.get("tokenizer.chat_template"),
     }
-    return tok, config
+    if add_space_prefix:
+        return SentencePieceTokenizer(tok, config, controls)
+    return HFTokenizer(tok, config, kind="gguf")

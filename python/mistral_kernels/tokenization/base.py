@@ -1,0 +1,36 @@
+"""The tokenizer interface every kind implements (HF tokenizer.json, GGUF metadata, mistral-common)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from .streaming import IncrementalDecoder
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+
+
+class Tokenizer(ABC):
+    """Common interface. Attributes: ``bos_id``, ``eos_ids`` (set; generation stops on any),
+    ``vocab_size``, ``kind`` ("hf", "gguf", "mistral-common")."""
+
+    bos_id: int | None
+    eos_ids: frozenset[int]
+    vocab_size: int
+    kind: str
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds BOS when the tokenizer's config asks for it."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``."""
+
+    @abstractmethod
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a conversation in the model's chat format, ending with the assistant turn's opening."""
+
+    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        """A fresh :class:`IncrementalDecoder` for streaming one sequence."""
+        return IncrementalDecoder(self, skip_special_tokens)
