@@ -39,5 +39,5 @@ fi
 if [ "${MK_REQUIRE_CUDA:-0}" = 1 ]; then CMAKE_ARGS+=(-C cmake.define.MK_CUDA=ON); fi
 
 echo "[setup] building and installing mistral-kernels (first build with CUDA: a few minutes)" >&2
-"${PIP[@]}" install -q --no-build-isolation "${CMAKE_ARGS[@]}" ".[test]"
+"${PIP[@]}" install -q --no-build-isolation "${CMAKE_ARGS[@]}" ".[test,serve]"
 "$VENV/bin/python" -c "import mistral_kernels as mk; print(f'[setup] mistral_kernels {mk.__version__}: cuda_compiled={mk.cuda_compiled()} emulator_compiled={mk.emulator_compiled()}')" >&2

