@@ -153,7 +153,7 @@ def main() -> None:
             t_ref = median_time(c.reference)
             gbs = c.nbytes / t_ours / 1e9
             pct = 100 * gbs / bw if c.memory_bound else float("nan")
-            # Targets (issue 8): ≥ 3× the eager reference; ≥ 70 % of copy bandwidth where memory-bound
+            # CPU targets (benchmarks/results/cpu_summary.md): ≥ 3× the eager reference; ≥ 70 % of copy bandwidth where memory-bound
             # (judged only for ≥ 4 MB moved: smaller cases are latency-bound, not bandwidth-bound).
             missed = [f"x{t_ref / t_ours:.1f} < 3"] if t_ref / t_ours < 3 else []
             if c.memory_bound and c.nbytes >= 4 << 20 and pct < 70:
