@@ -78,45 +78,59 @@ class LLM:
     @staticmethod
     def _params(max_new_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
                 repetition_penalty: float, seed: int | None, stop: str | Sequence[str] | None,
-                ignore_eos: bool, index: int) -> SamplingParams:
+                ignore_eos: bool, index: int, logprobs: int | None) -> SamplingParams:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         # Distinct but reproducible seeds per prompt of a batch.
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, repetition_penalty=repetition_penalty,
-                              seed=None if seed is None else seed + index, stop=stops, ignore_eos=ignore_eos)
+                              seed=None if seed is None else seed + index, stop=stops, ignore_eos=ignore_eos,
+                              logprobs=logprobs)
 
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                  seed: int | None = None, stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
-                 chat: bool = False, system: str | None = None) -> list[Completion]:
+                 chat: bool = False, system: str | None = None, logprobs: int | None = None) -> list[Completion]:
         """Generate for every prompt (continuous batching); completions in prompt order.
 
         With ``seed``, prompt i samples with seed ``seed + i`` (reproducible whatever the batching).
         """
         if isinstance(prompts, str):
             raise TypeError("generate: prompts must be a list of strings (got a single str); use [prompt]")
-        rids = [self.engine.add_request(
-            self.prompt_ids(p, chat=chat, system=system),
-            self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
-                         ignore_eos, i)) for i, p in enumerate(prompts)]
-        return self.engine.run(rids)
+        jobs = []
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise TypeError(f"generate: prompts[{i}] must be a str, got {type(p).__name__}")
+            jobs.append((self.prompt_ids(p, chat=chat, system=system),
+                         self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed,
+                                      stop, ignore_eos, i, logprobs)))
+        for i, (ids, params) in enumerate(jobs):  # validate all before admitting any
+            try:
+                self.engine.check_request(ids, params)
+            except ValueError as e:
+                raise ValueError(f"generate: prompts[{i}]: {e}") from e
+        return self.engine.generate(jobs)
 
     def stream(self, prompt: str, *, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str] | None = None, ignore_eos: bool = False, chat: bool = False,
-               system: str | None = None) -> Iterator[str]:
+               system: str | None = None, logprobs: int | None = None) -> Iterator[str]:
         """Yield the generated text piece by piece as it is produced; the pieces join to the completion's
         text. The finished :class:`Completion` is kept in ``self.last_completion``."""
         rid = self.engine.add_request(
             self.prompt_ids(prompt, chat=chat, system=system),
             self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
-                         ignore_eos, 0))
-        while not self.engine.is_finished(rid):
-            self.engine.step()
+                         ignore_eos, 0, logprobs))
+        try:
+            while not self.engine.is_finished(rid):
+                self.engine.step()
+                piece = self.engine.drain_text(rid)
+                if piece:
+                    yield piece
             piece = self.engine.drain_text(rid)
             if piece:
                 yield piece
-        piece = self.engine.drain_text(rid)
-        if piece:
-            yield piece
-        self.last_completion = self.engine.pop_completion(rid)
+            self.last_completion = self.engine.pop_completion(rid)
+        finally:
+            # Closed early (GeneratorExit from close() or garbage collection), or a step raised: the request
+            # must not keep its KV blocks. After pop_completion this is a no-op.
+            self.engine.abort(rid)

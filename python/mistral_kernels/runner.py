@@ -16,6 +16,7 @@ import torch
 
 from .batch import AttentionBatch
 from .config import ModelConfig
+from .logprobs import TokenLogprob, token_logprobs
 from .sampling import SamplingParams, sample
 from .scheduler import SchedulerOutput
 
@@ -45,6 +46,11 @@ class ModelRunner:
     ----------
     model : PagedModel
     num_blocks, block_size : the KV cache pool (allocated here, uninitialised)
+
+    Attributes
+    ----------
+    logprobs : after :meth:`execute`, per sampling request: its token's :class:`TokenLogprob` when its
+        params ask for ``logprobs``, else None (all None costs nothing)
     """
 
     def __init__(self, model: PagedModel, num_blocks: int, block_size: int) -> None:
@@ -54,6 +60,7 @@ class ModelRunner:
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
         self._broadcast = getattr(model, "broadcast_tokens", None)
+        self.logprobs: list[TokenLogprob | None] = []
 
     def generator_for(self, params: SamplingParams) -> torch.Generator | None:
         """A request's own generator: seeded when it samples with a seed, else None (the shared one)."""
@@ -72,6 +79,7 @@ class ModelRunner:
         ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.int64, device=self.device)  # [T]
         logits = self.model.forward(ids, batch, self.cache)  # [N, V]
         samplers = output.sampling_requests
+        self.logprobs = [None] * len(samplers)
         if not samplers:
             return []
         penalized = any(r.params.needs_history for r in samplers)
@@ -81,4 +89,6 @@ class ModelRunner:
                           [r.output_ids for r in samplers] if penalized else None)  # [N]
         if self._broadcast is not None:  # tensor parallel: rank 0's tokens everywhere
             next_ids = self._broadcast(next_ids)
-        return next_ids.tolist()  # the one host read of the step
+        if any(r.params.logprobs is not None for r in samplers):
+            self.logprobs = token_logprobs(logits, next_ids, [r.params.logprobs for r in samplers])
+        return next_ids.tolist()  # the one host read of the step (a second one only with logprobs)
