@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +28,35 @@ if TYPE_CHECKING:
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
+
+
+class UsageError(Exception):
+    """A user error found after parsing: ``main`` prints it as one line on stderr and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a parse error as one line on stderr (exit 2), not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {text}")
+    return value
+
+
+def _utf8(flag: str, text: str) -> str:
+    """``text`` unchanged if it is valid UTF-8; an argv that was not is decoded by Python with lone
+    surrogates (U+DC80 + byte), which the tokenizers cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(text[e.start]) - 0xDC00
+        raise UsageError(f"{flag} is not valid UTF-8 (byte 0x{byte:02x} at character {e.start})") from None
+    return text
 
 
 def _positive(kind: type) -> object:
@@ -42,7 +71,7 @@ def _positive(kind: type) -> object:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (every flag documented in README, section "Generation")."""
-    parser = argparse.ArgumentParser(prog="mistral-kernels",
+    parser = _Parser(prog="mistral-kernels",
                                      description="Generate text with Mistral-family models on mistral-kernels ops.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -60,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x max probability (0 = off)")
     g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 penalizes repeated tokens (1 = off)")
-    g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--seed", type=_seed, default=None, help="seed for reproducible sampling, in [0, 2**63)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
     g.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="weights/KV dtype (float32)")
@@ -94,17 +123,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
-    prompts = list(args.prompt)
+    prompts = [_utf8("--prompt", p) for p in args.prompt]
     if args.prompts_file:
         path = Path(args.prompts_file)
+        if not path.exists():
+            raise UsageError(f"--prompts-file {path} does not exist")
         if not path.is_file():
-            raise SystemExit(f"mistral-kernels: --prompts-file {path} does not exist")
-        prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise UsageError(f"--prompts-file {path} is not a regular file")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--prompts-file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                             f"{e.start})") from None
+        except OSError as e:
+            raise UsageError(f"--prompts-file {path}: {e.strerror}") from None
+        prompts += [line for line in text.splitlines() if line.strip()]
     if not prompts:
-        raise SystemExit("mistral-kernels: give at least one --prompt or a --prompts-file")
+        raise UsageError("give at least one --prompt or a --prompts-file")
     if args.system is not None and not args.chat:
-        raise SystemExit("mistral-kernels: --system needs --chat")
+        raise UsageError("--system needs --chat")
+    if args.system is not None:
+        _utf8("--system", args.system)
+    for stop in args.stop:
+        _utf8("--stop", stop)
     return prompts
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The sampling flags, checked before the model loads."""
+    from .sampling import SamplingParams
+
+    try:
+        SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                       seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        flag = "--" + str(e).split()[0].replace("_", "-")
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def _peak_memory(device: str) -> str:
@@ -119,6 +174,7 @@ def _peak_memory(device: str) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
+    _check_sampling(args)
     import torch
 
     dtype = getattr(torch, _DTYPES[args.dtype])
@@ -244,11 +300,18 @@ def _info(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mistral-kernels`` script."""
     args = build_parser().parse_args(argv)
-    if args.command == "generate":
-        return _generate(args)
-    if args.command == "serve":
-        return _serve(args)
-    return _info(args)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "serve":
+            return _serve(args)
+        return _info(args)
+    except UsageError as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the engine has aborted the interrupted requests (LLM.generate / stream)
+        print("mistral-kernels: interrupted", file=sys.stderr)
+        return 130
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .cache import default_num_blocks
-from .engine import Completion, Engine
+from .engine import Completion, Engine, PagedModel
 from .loading import load_model
 from .parallel import ParallelContext
 from .sampling import SamplingParams
@@ -52,6 +53,7 @@ class LLM:
             from .default_model import default_model_path
 
             path = default_model_path()
+        _check_device_dtype(device, dtype)
         t0 = time.perf_counter()
         self.path = Path(path)
         self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel)
@@ -59,6 +61,7 @@ class LLM:
         self.load_seconds = time.perf_counter() - t0
         if num_blocks is None:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
+        _check_kv_pool(self.model, num_blocks, block_size)
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
                              max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos))
@@ -134,3 +137,31 @@ class LLM:
             # Closed early (GeneratorExit from close() or garbage collection), or a step raised: the request
             # must not keep its KV blocks. After pop_completion this is a no-op.
             self.engine.abort(rid)
+
+
+def _check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> None:
+    """The CPU kernels compute in float32 and bfloat16 only: reject float16 there before loading anything."""
+    if dtype == torch.float16 and torch.device(device).type == "cpu":
+        raise ValueError("dtype float16 (--dtype fp16) is not supported on the CPU, whose kernels run float32 and "
+                         "bfloat16; use --dtype bf16 or fp32, or a CUDA device")
+
+
+def _device_memory(device: torch.device) -> int | None:
+    """Total bytes of the device's memory (physical RAM for the CPU); None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _check_kv_pool(model: PagedModel, num_blocks: int, block_size: int) -> None:
+    """A KV pool larger than the device's whole memory can never be allocated: say so, with the numbers,
+    instead of failing inside the allocator (or building a block list of 10**12 entries)."""
+    need = num_blocks * block_size * model.config.kv_bytes_per_token(model.dtype)
+    total = _device_memory(torch.device(model.device))
+    if total is not None and need > total:
+        raise ValueError(f"num_blocks (--num-blocks) = {num_blocks} blocks of {block_size} tokens need "
+                         f"{need / 2**30:,.1f} GiB of KV cache ({model.config.kv_bytes_per_token(model.dtype)} "
+                         f"bytes per token) but the {torch.device(model.device).type} has {total / 2**30:,.1f} GiB "
+                         "in all; lower --num-blocks (default: sized for --max-batch)")
