@@ -96,6 +96,11 @@ class LLM:
         """Generate for every prompt (continuous batching); completions in prompt order.
 
         With ``seed``, prompt i samples with seed ``seed + i`` (reproducible whatever the batching).
+        ``logprobs=k`` fills each completion's ``logprobs`` (raw-model log-probability of every generated token
+        and its k most likely alternatives; :mod:`mistral_kernels.logprobs`).
+
+        Every prompt is validated before any is admitted (a ValueError names ``prompts[i]``); if the call
+        fails or is interrupted (KeyboardInterrupt) its requests are aborted, their KV blocks freed.
         """
         if isinstance(prompts, str):
             raise TypeError("generate: prompts must be a list of strings (got a single str); use [prompt]")
@@ -118,7 +123,8 @@ class LLM:
                stop: str | Sequence[str] | None = None, ignore_eos: bool = False, chat: bool = False,
                system: str | None = None, logprobs: int | None = None) -> Iterator[str]:
         """Yield the generated text piece by piece as it is produced; the pieces join to the completion's
-        text. The finished :class:`Completion` is kept in ``self.last_completion``."""
+        text. The finished :class:`Completion` is kept in ``self.last_completion``. Closing the generator
+        early (``close()``, garbage collection) or an exception aborts the request and frees its KV blocks."""
         rid = self.engine.add_request(
             self.prompt_ids(prompt, chat=chat, system=system),
             self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
