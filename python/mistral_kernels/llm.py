@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from .cache import default_num_blocks
-from .engine import Completion, Engine, PagedModel
+from .config import ModelConfig, load_config
+from .engine import Completion, Engine
 from .loading import load_model
 from .parallel import ParallelContext
 from .sampling import SamplingParams
@@ -56,12 +57,15 @@ class LLM:
         _check_device_dtype(device, dtype)
         t0 = time.perf_counter()
         self.path = Path(path)
+        if num_blocks is not None and parallel is None:  # an impossible pool fails before the weights load
+            _check_kv_pool(load_config(self.path), dtype, device, num_blocks, block_size)
         self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
         self.load_seconds = time.perf_counter() - t0
         if num_blocks is None:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
-        _check_kv_pool(self.model, num_blocks, block_size)
+        elif parallel is not None:  # a rank holds its share of the heads: check with its own config
+            _check_kv_pool(self.model.config, dtype, device, num_blocks, block_size)
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
                              max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos))
@@ -161,13 +165,15 @@ def _device_memory(device: torch.device) -> int | None:
     return None
 
 
-def _check_kv_pool(model: PagedModel, num_blocks: int, block_size: int) -> None:
+def _check_kv_pool(config: ModelConfig, dtype: torch.dtype, device: str | torch.device, num_blocks: int,
+                   block_size: int) -> None:
     """A KV pool larger than the device's whole memory can never be allocated: say so, with the numbers,
     instead of failing inside the allocator (or building a block list of 10**12 entries)."""
-    need = num_blocks * block_size * model.config.kv_bytes_per_token(model.dtype)
-    total = _device_memory(torch.device(model.device))
+    per_token = config.kv_bytes_per_token(dtype)
+    need = num_blocks * block_size * per_token
+    dev = torch.device(device)
+    total = _device_memory(dev)
     if total is not None and need > total:
         raise ValueError(f"num_blocks (--num-blocks) = {num_blocks} blocks of {block_size} tokens need "
-                         f"{need / 2**30:,.1f} GiB of KV cache ({model.config.kv_bytes_per_token(model.dtype)} "
-                         f"bytes per token) but the {torch.device(model.device).type} has {total / 2**30:,.1f} GiB "
-                         "in all; lower --num-blocks (default: sized for --max-batch)")
+                         f"{need / 2**30:,.1f} GiB of KV cache ({per_token} bytes per token) but the {dev.type} "
+                         f"has {total / 2**30:,.1f} GiB in all; lower --num-blocks (default: sized for --max-batch)")
