@@ -199,6 +199,8 @@ class AsyncEngine:
                 self.metrics.aborted.inc()
             self._tracked.pop(cmd.rid, None)
             return
+        if not cmd.result.set_running_or_notify_cancel():  # the submitter was cancelled while it waited
+            return
         try:
             rid = self.engine.add_request(cmd.prompt_ids, cmd.params)
         except ValueError as e:
