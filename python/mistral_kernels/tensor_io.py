@@ -35,7 +35,7 @@ __all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "read_into", "s
            "selected_shape"]
 
 Index = tuple[slice, ...]  # one slice per dim: the part of a tensor to read (tensor-parallel shards)
-CHUNK_BYTES = 64 << 20  # scratch for conversions; also the piece size of parallel direct reads
+CHUNK_BYTES = 16 << 20  # scratch for conversions; also the piece size of parallel direct reads
 _HEADER_LIMIT = 100 << 20  # safetensors' own limit on the JSON header
 
 # safetensors dtype names; integer and bool types are read as what they are and rejected by the loader
