@@ -25,9 +25,9 @@ def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: t
     The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
     metadata); RoPE layout follows the format; weights are not permuted. ``dtype=None`` keeps the
     checkpoint's own dtype (:func:`mistral_kernels.weights.default_dtype`: like transformers'
-    ``dtype="auto"``; fp16 → bf16 on the CPU). ``progress`` shows a bar over the bytes read. With ``parallel`` each rank reads
-    only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`) and gets a
-    :class:`~mistral_kernels.parallel.ShardedModel`.
+    ``dtype="auto"``; fp16 → bf16 on the CPU). ``progress`` shows a bar over the bytes read. With
+    ``parallel`` each rank reads only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`)
+    and gets a :class:`~mistral_kernels.parallel.ShardedModel`.
     """
     if parallel is None:
         config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress)

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path

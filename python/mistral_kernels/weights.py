@@ -329,9 +329,10 @@ def _fusion_plan(config: ModelConfig) -> list[tuple[str, list[str]]]:
 
 
 def _bytes_to_read(entry: _Entry, index: Index | None) -> int:
+    """File bytes behind ``entry[index]`` (the stored bytes per element × the elements selected)."""
     stored = sum(t.nbytes for t in entry.stored)
-    full = math.prod(entry.shape)
-    return stored if index is None or full == 0 else stored * math.prod(selected_shape(entry.shape, index)) // full
+    elements = sum(math.prod(t.shape) for t in entry.stored)
+    return stored * math.prod(selected_shape(entry.shape, index)) // max(1, elements)
 
 
 def _read_fused(parts: list[tuple[_Entry, Index | None]], device: torch.device | str, dtype: torch.dtype,
