@@ -119,6 +119,7 @@ def main() -> None:
 
     config = mistral_7b(args)
     work = Path(args.dir or tempfile.mkdtemp(prefix="bench_load_"))
+    work.mkdir(parents=True, exist_ok=True)
     path = work / ("model.gguf" if args.format == "gguf" else "model")
     file_dtype = getattr(torch, args.file_dtype)
     if not path.exists():

@@ -119,6 +119,8 @@ def write_random_checkpoint(config: ModelConfig, path: Path, fmt: str, dtype: to
 
 def _write_safetensors(file: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype,
                        gen: torch.Generator | None) -> int:
+    """Tensors sorted by name, as ``safetensors.torch.save_file`` (hence ``save_pretrained``) lays them out."""
+    tensors = sorted(tensors)
     header, offset = {}, 0
     for name, shape in tensors:
         nbytes = math.prod(shape) * dtype.itemsize

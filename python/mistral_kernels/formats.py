@@ -18,6 +18,7 @@ tensors under the file's own names (renaming and fusing happen in :mod:`mistral_
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch
 
 from .errors import CheckpointError
 from .gguf_metadata import read_gguf_header
-from .tensor_io import Index, TensorInfo, gguf_tensors, read_into, safetensors_tensors, selected_shape
+from .tensor_io import Index, TensorInfo, gguf_tensors, map_tensors, read_into, safetensors_tensors, selected_shape
 
 __all__ = ["FORMATS", "CheckpointError", "Index", "TensorInfo", "TensorSource", "detect_format", "open_tensors",
            "read_json"]
@@ -41,11 +42,20 @@ class TensorSource:
 
     ``read_into(name, out, index=None)`` fills ``out`` with the tensor (or the part ``index`` selects) in
     ``out``'s dtype and device; ``read(name, index=None)`` returns a new tensor of the stored dtype (fp32 for
-    GGUF quantized types). Use as a context manager, or call :meth:`close`: it holds the files open.
+    GGUF quantized types); ``map(names, dtype)`` views tensors stored back to back in ``dtype`` through a
+    private memory map (:func:`mistral_kernels.tensor_io.map_tensors`), or gives None. Use as a context
+    manager, or call :meth:`close`: it holds the files open (maps live on in the tensors viewing them).
     """
 
     tensors: dict[str, TensorInfo]
     _fds: dict[Path, int] = field(default_factory=dict)
+    _maps: dict[Path, mmap.mmap] = field(default_factory=dict)
+
+    def map(self, names: list[str], dtype: torch.dtype) -> torch.Tensor | None:
+        try:
+            return map_tensors([self.tensors[n] for n in names], dtype, self._maps)
+        except OSError as e:
+            raise CheckpointError(f"{self.tensors[names[0]].file}: cannot map: {e}") from e
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -71,6 +81,7 @@ class TensorSource:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._maps.clear()  # dropped, not closed: the weights viewing a map keep it
 
     def __enter__(self) -> TensorSource:
         return self

@@ -6,10 +6,16 @@ is validated against the file before any data is read (byte ranges inside the fi
 dtype and shape imply, GGUF types known), so corrupt files raise
 :class:`~mistral_kernels.errors.CheckpointError` naming the file and tensor.
 
-Reading (docs/design.md §6, issue 23): the caller allocates the destination (e.g. the q rows of a fused
-qkv tensor) and :func:`read_into` fills it with ``os.preadv`` from the file — one copy, no memory map whose
-pages would stay resident, no intermediate tensor when the dtype already matches. Conversions (another
-dtype, another device, GGUF dequantization) go through a bounded scratch buffer (:data:`CHUNK_BYTES`).
+Reading (docs/design.md §6, issue 23), two ways, neither holding a second copy:
+
+- :func:`map_tensors`: a tensor stored in the dtype wanted, on the CPU — or several stored back to back that
+  are fused (HF's gate_proj | up_proj) — *is* its bytes in the file: a view of a private memory map
+  (``MAP_PRIVATE``: writes stay in the process), populated from the page cache at once
+  (``MADV_POPULATE_READ``, no copy, no first-touch faults later). Its memory is the page cache's.
+- :func:`read_into`: otherwise the caller allocates the destination (e.g. the q rows of a fused qkv tensor)
+  and it is filled with ``os.preadv`` from the file — one copy, no intermediate tensor when the dtype
+  already matches. Conversions (another dtype, another device, GGUF dequantization) go through a bounded
+  scratch buffer (:data:`CHUNK_BYTES`).
 
 Shape letters: R rows of the outermost dim, C elements per row.
 """
@@ -18,8 +24,10 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +38,13 @@ import torch
 from .errors import CheckpointError
 from .gguf_metadata import GGUFHeader
 
-__all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "read_into", "safetensors_tensors",
-           "selected_shape"]
+__all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "map_tensors", "read_into",
+           "safetensors_tensors", "selected_shape"]
 
 Index = tuple[slice, ...]  # one slice per dim: the part of a tensor to read (tensor-parallel shards)
 CHUNK_BYTES = 16 << 20  # scratch for conversions; also the piece size of parallel direct reads
 _HEADER_LIMIT = 100 << 20  # safetensors' own limit on the JSON header
+_MADV_POPULATE_READ = 22  # Linux ≥ 5.14; older kernels refuse it and the map fills lazily on first touch
 
 # safetensors dtype names; integer and bool types are read as what they are and rejected by the loader
 SAFETENSORS_DTYPES = {
@@ -184,6 +193,34 @@ def read_into(fd: int, info: TensorInfo, out: torch.Tensor, index: Index | None 
     for start, count in runs:
         _read_range(fd, info.offset + start * item, info.dtype, flat[pos:pos + count])
         pos += count
+
+
+def map_tensors(infos: Sequence[TensorInfo], dtype: torch.dtype, maps: dict[Path, mmap.mmap]) -> torch.Tensor | None:
+    """A 1-D tensor over the bytes of ``infos`` through a private memory map of their file, or None unless they
+    are raw tensors of ``dtype`` lying back to back in one file (then the caller copies instead).
+
+    ``maps`` caches one map per file; each tensor keeps its map alive (``torch.frombuffer``), so the map goes
+    when the last weight viewing it does.
+    """
+    first, last = infos[0], infos[-1]
+    if any(t.ggml_type is not None or t.dtype != dtype or t.file != first.file for t in infos):
+        return None
+    if any(b.offset != a.offset + a.nbytes for a, b in zip(infos, infos[1:])) or first.offset % dtype.itemsize:
+        return None
+    nbytes = last.offset + last.nbytes - first.offset
+    if nbytes == 0:
+        return None
+    m = maps.get(first.file)
+    if m is None:
+        with open(first.file, "rb") as f:
+            m = maps[first.file] = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    start = first.offset - first.offset % mmap.PAGESIZE
+    try:
+        m.madvise(_MADV_POPULATE_READ, start, first.offset + nbytes - start)
+    except OSError:
+        pass
+    return torch.frombuffer(m, dtype=dtype, count=nbytes // dtype.itemsize, offset=first.offset)
 
 
 def _runs(shape: tuple[int, ...], index: Index) -> list[tuple[int, int]]:

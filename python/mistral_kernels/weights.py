@@ -6,10 +6,13 @@ config comes from :func:`mistral_kernels.config.load_config`. The RoPE layout of
 
 Every format is first renamed to one *canonical* unfused naming (below), checked against the shapes
 the config implies (missing / unexpected / mis-shaped / integer-typed tensors are reported together), then
-fused without a second copy (issue 23): each fused tensor (``wq|wk|wv → qkv``, dense ``w1|w3 → w13``, MoE
-experts stacked) is allocated once in the final dtype and its parts are read straight from the files into
-their rows (:func:`mistral_kernels.tensor_io.read_into`: ``preadv``; conversions and GGUF dequantization
-through a bounded scratch buffer). Peak memory is the weights plus a few tens of MB.
+fused without a second copy (issue 23). A weight stored in the final dtype on the CPU — a fused one too
+when its parts lie back to back, as HF's gate_proj | up_proj do — is a private memory map of the file
+(:func:`mistral_kernels.tensor_io.map_tensors`: page-cache pages, no copy); any other fused tensor
+(``wq|wk|wv → qkv``, dense ``w1|w3 → w13``, MoE experts stacked) is allocated once in the final dtype and
+its parts are read straight from the files into their rows (:func:`mistral_kernels.tensor_io.read_into`:
+``preadv``; conversions and GGUF dequantization through a bounded scratch buffer). Peak memory is the
+weights plus a few tens of MB.
 
 Default dtype (``dtype=None``, like transformers' ``dtype="auto"``): the checkpoint's own —
 ``dtype`` / ``torch_dtype`` in config.json, else the stored dtype of most of the weights (consolidated
@@ -273,12 +276,15 @@ def default_dtype(path: str | Path, device: torch.device | str = "cpu") -> torch
 
 def load_checkpoint(
     path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-    progress: bool = False, shard: ShardFn | None = None,
+    progress: bool = False, shard: ShardFn | None = None, map_files: bool = True,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a checkpoint into fused weights (names in the module docstring) of ``dtype`` on ``device``.
 
     ``dtype=None`` loads in the checkpoint's own dtype (:func:`default_dtype`). ``progress`` shows a tqdm
-    bar over the bytes read. ``shard(config, canonical_name)`` → slices (or None = whole): read only that
+    bar over the bytes read. ``map_files`` (CPU): weights stored in ``dtype`` — fused parts too when they
+    lie back to back — are private memory maps of the files, populated from the page cache (no copy; the
+    memory is the page cache's; writes stay private); ``False`` copies every weight into process memory
+    (then nothing depends on the files after loading). ``shard(config, canonical_name)`` → slices (or None = whole): read only that
     part of each tensor (one tensor-parallel rank, :meth:`mistral_kernels.parallel.ParallelContext.shard`);
     fusion then joins the parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected
     bytes; GGUF tensors are dequantized whole, then cut.
@@ -307,7 +313,8 @@ def load_checkpoint(
         with tqdm(total=total, desc=f"loading {path.name}", unit="B", unit_scale=True, unit_divisor=1024,
                   disable=not progress) as bar:
             for fused, names in plan:
-                weights[fused] = _read_fused([parts[n] for n in names], device, dtype, bar.update)
+                weights[fused] = _read_fused([parts[n] for n in names], device, dtype, bar.update,
+                                             source if map_files else None)
     return config, weights
 
 
@@ -336,12 +343,21 @@ def _bytes_to_read(entry: _Entry, index: Index | None) -> int:
 
 
 def _read_fused(parts: list[tuple[_Entry, Index | None]], device: torch.device | str, dtype: torch.dtype,
-                advance: Callable[[int], object]) -> torch.Tensor:
-    """Allocate the fused tensor once and read each part straight into its rows (no concatenation copy)."""
+                advance: Callable[[int], object], source: TensorSource | None) -> torch.Tensor:
+    """The fused tensor: a view of the file when ``source`` allows it (whole parts stored back to back in
+    ``dtype``, CPU), else allocated once with each part read straight into its rows (no concatenation copy)."""
     shapes = [selected_shape(e.shape, index) for e, index in parts]
     if len({s[1:] for s in shapes}) > 1:
         raise CheckpointError(f"cannot fuse {[e.origin for e, _ in parts]}: shapes {shapes} differ past dim 0")
-    out = torch.empty((sum(s[0] for s in shapes), *shapes[0][1:]), dtype=dtype, device=device)
+    shape = (sum(s[0] for s in shapes), *shapes[0][1:])
+    whole = all(index is None and math.prod(e.shape) == sum(math.prod(t.shape) for t in e.stored)
+                for e, index in parts)
+    if source is not None and whole and torch.device(device).type == "cpu":
+        mapped = source.map([t.name for e, _ in parts for t in e.stored], dtype)
+        if mapped is not None:
+            advance(sum(_bytes_to_read(e, None) for e, _ in parts))
+            return mapped.view(shape)
+    out = torch.empty(shape, dtype=dtype, device=device)
     row = 0
     for (entry, index), shape in zip(parts, shapes):
         entry.fill(out[row:row + shape[0]], index)
