@@ -1,4 +1,4 @@
-"""Checkpoint load benchmark (issue 23): load time, GB/s, peak RSS / weight bytes, first-token latency, decode.
+"""Checkpoint load benchmark: load time, GB/s, peak RSS / weight bytes, first-token latency, decode.
 
 Writes a random checkpoint of a real architecture (Mistral-7B-v0.1's shape by default; every size is an
 argument, e.g. ``--layers 6`` for a scaled-down run), makes sure its files are in the page cache, then in a

@@ -1,4 +1,4 @@
-"""Bad checkpoints are clear ``CheckpointError``s naming the file (issue 22, items 2, 7, 8), never a crash, a
+"""Bad checkpoints are clear ``CheckpointError``s naming the file, never a crash, a
 raw library error or a multi-GB allocation: each defect found by the issue as a regression test, then a
 seeded fuzz run (truncations, header byte edits, huge / null / negative fields) over all three formats in a
 subprocess (a crash there fails the test instead of killing pytest).

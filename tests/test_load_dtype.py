@@ -1,6 +1,6 @@
-"""Default dtype = the checkpoint's own (issue 23, like transformers' ``dtype="auto"``), ``--dtype`` / ``dtype=``
+"""Default dtype = the checkpoint's own (like transformers' ``dtype="auto"``), ``--dtype`` / ``dtype=``
 overrides it, and the loaded (fused) weights equal what the reference readers (the ``safetensors`` and
-``gguf`` packages) read from the same files. Also: the RoPE table is built lazily (issue 22).
+``gguf`` packages) read from the same files. Also: the RoPE table is built lazily.
 
 Shape letters: H hidden, Hq / Hkv heads, D head_dim, I intermediate, V vocab.
 """

@@ -1,12 +1,13 @@
-"""Loading costs about the weights' own memory (issue 23): peak RSS of loading a ~200 MB random checkpoint,
+"""Loading costs about the weights' own memory: peak RSS of loading a ~200 MB random checkpoint,
 measured in a fresh process, is at most 1.15 × the weight bytes + a fixed allowance, for HF sharded,
 Mistral consolidated and GGUF (Q8_0, dequantized to fp32) checkpoints.
 
 The allowance is measured, not guessed: the probe first loads a tiny checkpoint of the same format (imports,
 allocator arenas, reader threads), then resets the peak (``/proc/self/clear_refs`` = 5) and takes the
 resident size as its baseline; what the big load adds on top is compared with the weights. The loader's own
-scratch (tensor_io.CHUNK_BYTES, GGUF dequantization chunks) must fit in ``ALLOWANCE``. Loading with a second
-copy of any layer (the unfused parts next to the fused tensor, or file pages kept mapped) needs ≥ 1.5×.
+scratch (tensor_io.CHUNK_BYTES, GGUF dequantization chunks) must fit in ``ALLOWANCE``. Weights mapped from
+the files count (their pages are touched before the peak is read). Loading with a second copy of any layer
+(the unfused parts next to the fused tensor, or source pages kept mapped next to a copy) needs ≥ 1.5×.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ TINY = SMALL.replace(dim=64, n_layers=1, hidden_dim=64, vocab_size=64, head_dim=
 FORMATS = ("hf", "consolidated", "gguf")
 PROBE = r"""
 import gc, json, sys
+import torch
 from mistral_kernels import load_model
 
 def status(key):
@@ -46,6 +48,10 @@ for fmt, tiny, big in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):
         f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
     base = status("VmRSS")
     model = load_model(big)
+    for owner in (model, *model.layers):  # touch every page (weights mapped lazily on kernels < 5.14)
+        for t in vars(owner).values():
+            if isinstance(t, torch.Tensor):
+                t.view(-1).view(torch.uint8)[::4096].sum()
     peak = status("VmHWM")
     results[fmt] = {"base": base, "peak": peak, "dtype": str(model.dtype),
                     "weights": model.config.num_parameters() * model.dtype.itemsize}

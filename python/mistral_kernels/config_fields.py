@@ -1,6 +1,6 @@
 """Typed, range-checked reads of a checkpoint's config (config.json, params.json, GGUF metadata).
 
-Every size a config states is bounded before anything is allocated from it (issue 22: a
+Every size a config states is bounded before anything is allocated from it (a
 ``num_hidden_layers`` of 10^8 or a ``max_position_embeddings`` of 10^9 must fail at once, not after
 minutes or gigabytes). The bounds are generous — several times the largest published models — so that
 they only reject corrupt or hostile files; the tensors then confirm the sizes (weights.py checks every

@@ -1,4 +1,4 @@
-"""Will it fit? Weights + KV cache vs the memory available, checked before loading (issue 23).
+"""Will it fit? Weights + KV cache vs the memory available, checked before loading.
 
 A model that does not fit is otherwise found out by the OOM killer, minutes into loading. The estimate is
 the weights (parameter count × element size; the loader's peak is the weights plus a bounded scratch,

@@ -185,7 +185,7 @@ _CHUNK = 65536  # rows per fp64 block in rope_table
 
 
 class RopeTable:
-    """A model's cos/sin table, built on demand (issue 22): only the rows of positions in use, grown by
+    """A model's cos/sin table, built on demand: only the rows of positions in use, grown by
     doubling up to ``max_position``. A config may declare 1,024,000 positions (Mistral Nemo) — 512 MiB of
     fp32 at R = 128 — while a run uses a few thousand.
 

@@ -6,7 +6,7 @@ is validated against the file before any data is read (byte ranges inside the fi
 dtype and shape imply, GGUF types known), so corrupt files raise
 :class:`~mistral_kernels.errors.CheckpointError` naming the file and tensor.
 
-Reading (docs/design.md §6, issue 23), two ways, neither holding a second copy:
+Reading (docs/design.md §6), two ways, neither holding a second copy:
 
 - :func:`map_tensors`: a tensor stored in the dtype wanted, on the CPU — or several stored back to back that
   are fused (HF's gate_proj | up_proj) — *is* its bytes in the file: a view of a private memory map

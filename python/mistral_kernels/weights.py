@@ -6,7 +6,7 @@ config comes from :func:`mistral_kernels.config.load_config`. The RoPE layout of
 
 Every format is first renamed to one *canonical* unfused naming (below), checked against the shapes
 the config implies (missing / unexpected / mis-shaped / integer-typed tensors are reported together), then
-fused without a second copy (issue 23). A weight stored in the final dtype on the CPU — a fused one too
+fused without a second copy. A weight stored in the final dtype on the CPU — a fused one too
 when its parts lie back to back, as HF's gate_proj | up_proj do — is a private memory map of the file
 (:func:`mistral_kernels.tensor_io.map_tensors`: page-cache pages, no copy); any other fused tensor
 (``wq|wk|wv → qkv``, dense ``w1|w3 → w13``, MoE experts stacked) is allocated once in the final dtype and
