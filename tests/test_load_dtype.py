@@ -115,3 +115,20 @@ def test_memory_warning_numbers() -> None:
     assert message is not None
     for needle in ("27.0 GiB of weights", "8.0 GiB of KV cache", "24.0 GiB", "--dtype bf16", "--num-blocks"):
         assert needle in message, (needle, message)
+
+
+def test_llm_warns_before_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The warning comes before the weights are read (here the tokenizer is missing, so loading fails after)."""
+    import mistral_kernels.llm as llm_module
+    from mistral_kernels.memory import MemoryWarning
+
+    write_random_checkpoint(CONFIG, tmp_path, "hf", torch.bfloat16)
+    monkeypatch.setattr(llm_module, "memory_warning",
+                        lambda *args, **kw: memory_warning(*args, **kw, available=1 << 20))
+    with pytest.warns(MemoryWarning, match=r"GiB of weights .* but only 0\.0 GiB of cpu memory"), \
+            pytest.raises(FileNotFoundError, match="tokenizer"):
+        llm_module.LLM(tmp_path)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "x"]) == 2  # the CLI: one warning line
+    err = capsys.readouterr().err
+    assert "mistral-kernels: warning: the model needs" in err and "cannot load the model" in err
