@@ -284,10 +284,12 @@ def load_checkpoint(
     bar over the bytes read. ``map_files`` (CPU): weights stored in ``dtype`` — fused parts too when they
     lie back to back — are private memory maps of the files, populated from the page cache (no copy; the
     memory is the page cache's; writes stay private); ``False`` copies every weight into process memory
-    (then nothing depends on the files after loading). ``shard(config, canonical_name)`` → slices (or None = whole): read only that
-    part of each tensor (one tensor-parallel rank, :meth:`mistral_kernels.parallel.ParallelContext.shard`);
-    fusion then joins the parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected
-    bytes; GGUF tensors are dequantized whole, then cut.
+    (then nothing depends on the files after loading).
+
+    ``shard(config, canonical_name)`` → slices (or None = whole): read only that part of each tensor (one
+    tensor-parallel rank, :meth:`mistral_kernels.parallel.ParallelContext.shard`); fusion then joins the
+    parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected bytes; GGUF tensors are
+    dequantized whole, then cut.
 
     Raises
     ------
