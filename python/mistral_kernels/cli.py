@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import io
 import os
+import warnings
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     from .parallel import ParallelContext
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+_DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
 
 
@@ -92,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=_seed, default=None, help="seed for reproducible sampling, in [0, 2**63)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
-    g.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="weights/KV dtype (float32)")
+    g.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
+                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--max-batch", type=_positive(int), default=8, help="sequences per engine step (8)")
     g.add_argument("--block-size", type=_positive(int), default=16, help="KV cache block size in tokens (16)")
@@ -113,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
     i.add_argument("--model", help="as for generate (default: the default model)")
-    i.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="dtype for the byte counts")
+    i.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
+                   help="dtype for the byte counts (auto = the checkpoint's own)")
     i.add_argument("--context", type=_positive(int), default=4096, help="context length for FLOPs/token (4096)")
     i.add_argument("--tp", type=_positive(int), default=1, help="also show the weights and KV bytes per rank "
                                                                 "for N tensor-parallel ranks")
@@ -175,9 +178,7 @@ def _peak_memory(device: str) -> str:
 def _generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
     _check_sampling(args)
-    import torch
-
-    dtype = getattr(torch, _DTYPES[args.dtype])
+    dtype = _dtype(args.dtype)
     parallel, device = None, args.device
     if args.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from .parallel import ParallelContext
@@ -209,7 +210,7 @@ def _rank_output(parallel: ParallelContext | None) -> Iterator[None]:
 
 
 def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: ParallelContext | None, device: str,
-                 dtype: torch.dtype) -> int:
+                 dtype: torch.dtype | None) -> int:
     from .llm import LLM
 
     quiet = parallel is not None and not parallel.is_first
@@ -217,7 +218,8 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
     try:
         llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
-                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel)
+                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
+                  progress=not quiet)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
@@ -253,8 +255,6 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
 
 
 def _info(args: argparse.Namespace) -> int:
-    import torch
-
     if args.model is None:
         from .default_model import default_model_path
 
@@ -262,13 +262,14 @@ def _info(args: argparse.Namespace) -> int:
     else:
         path = Path(args.model)
     from .config import load_config
+    from .weights import default_dtype
 
     try:
         c = load_config(path)
+        dtype = _dtype(args.dtype) or default_dtype(path)
     except (ValueError, FileNotFoundError) as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2
-    dtype = getattr(torch, _DTYPES[args.dtype])
     elem = dtype.itemsize
     total, active = c.num_parameters(), c.num_parameters(active_only=True)
     kv = c.kv_bytes_per_token(dtype)
@@ -276,12 +277,13 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in vars(c).items():
         print(f"  {key}: {value}")
     print(f"parameters: total {total:,} ({total / 1e9:.3f} B), active per token {active:,} ({active / 1e9:.3f} B)")
-    print(f"weights: {total * elem / 2**30:.3f} GiB in {args.dtype}")
+    name = str(dtype).removeprefix("torch.")
+    print(f"weights: {total * elem / 2**30:.3f} GiB in {name}")
     print(f"FLOPs per token: {c.flops_per_token(1):,} at context 1, {c.flops_per_token(args.context):,} at "
           f"context {args.context}")
     window = f" (sliding window {c.sliding_window}: at most {c.sliding_window * kv / 2**20:.1f} MiB per sequence)" \
         if c.sliding_window else ""
-    print(f"KV cache: {kv:,} bytes per token in {args.dtype}{window}")
+    print(f"KV cache: {kv:,} bytes per token in {name}{window}")
     if args.tp > 1:
         from .parallel import local_config, parameters_per_rank
 
@@ -293,13 +295,27 @@ def _info(args: argparse.Namespace) -> int:
         kv_rank = local_config(c, 0, args.tp, args.moe_parallel).kv_bytes_per_token(dtype)
         moe = f", {args.moe_parallel}-parallel experts" if c.is_moe else ""
         print(f"tensor parallel {args.tp}{moe}: per rank {per_rank:,} parameters ({per_rank / 1e9:.3f} B), "
-              f"{per_rank * elem / 2**30:.3f} GiB in {args.dtype}, KV cache {kv_rank:,} bytes per token")
+              f"{per_rank * elem / 2**30:.3f} GiB in {name}, KV cache {kv_rank:,} bytes per token")
     return 0
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a ``--dtype`` choice; None for auto (the checkpoint's own)."""
+    import torch
+
+    return None if _DTYPES[name] == "auto" else getattr(torch, _DTYPES[name])
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """Warnings as one line on stderr, without the source location (they are for users, not developers)."""
+    print(f"mistral-kernels: warning: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mistral-kernels`` script."""
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         if args.command == "generate":
             return _generate(args)
@@ -315,15 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import torch
-
     try:
         from .serve.server import serve_main
     except ImportError as e:
         print(f"mistral-kernels serve: {e}; install the serve extra: pip install 'mistral-kernels[serve]'",
               file=sys.stderr)
         return 2
-    return serve_main(args, getattr(torch, _DTYPES[args.dtype]))
+    return serve_main(args, _dtype(args.dtype))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from .cache import default_num_blocks
 from .config import ModelConfig, load_config
 from .engine import Completion, Engine
 from .loading import load_model
+from .memory import MemoryWarning, memory_warning
 from .parallel import ParallelContext
 from .sampling import SamplingParams
 from .tokenization import Message, Tokenizer, load_tokenizer
+from .weights import default_dtype
 
 __all__ = ["LLM"]
 
@@ -35,18 +38,20 @@ class LLM:
     ----------
     path : str, Path or None
         HF directory, Mistral consolidated directory or ``.gguf`` file; None = the default model.
-    device, dtype : where and in which dtype the weights and the KV cache live.
+    device, dtype : where and in which dtype the weights and the KV cache live; ``dtype=None`` (default) is
+        the checkpoint's own (:func:`mistral_kernels.weights.default_dtype`; fp16 → bf16 on the CPU).
     max_batch : most sequences decoded together.
     block_size : KV cache block size (tokens, a power of two).
     num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (cache.default_num_blocks).
     max_tokens_per_step : token budget of one engine step (prefill chunk size).
     tokenizer : path of a tokenizer to use instead of the one found with the model.
+    progress : show a progress bar over the bytes read while loading.
     parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
         every rank constructs the LLM and makes the same calls). None = one process.
     """
 
     def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, max_batch: int = 8, block_size: int = 16,
+                 dtype: torch.dtype | None = None, max_batch: int = 8, block_size: int = 16,
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None) -> None:
@@ -54,11 +59,19 @@ class LLM:
             from .default_model import default_model_path
 
             path = default_model_path()
-        _check_device_dtype(device, dtype)
         t0 = time.perf_counter()
         self.path = Path(path)
-        if num_blocks is not None and parallel is None:  # an impossible pool fails before the weights load
-            _check_kv_pool(load_config(self.path), dtype, device, num_blocks, block_size)
+        if dtype is None:
+            dtype = default_dtype(self.path, device)
+        _check_device_dtype(device, dtype)
+        if parallel is None:  # warn before loading rather than be killed while loading
+            config = load_config(self.path)
+            if num_blocks is not None:  # an impossible pool fails before the weights load
+                _check_kv_pool(config, dtype, device, num_blocks, block_size)
+            blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
+            warning = memory_warning(config, dtype, device, blocks * block_size)
+            if warning is not None:
+                warnings.warn(warning, MemoryWarning, stacklevel=2)
         self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
         self.load_seconds = time.perf_counter() - t0
