@@ -44,10 +44,11 @@ def _compile(cmd: list[str]) -> None:
 
 @pytest.fixture(scope="session")
 def build(tmp_path_factory):
-    """build(program, variant) -> path of tests/emu/<program>.cpp linked with the emulator runtime."""
+    """build(program, variant, include=None) -> path of tests/emu/<program>.cpp linked with the emulator
+    runtime. `include`: a directory searched before csrc (a mutated copy of csrc, tests/test_emu_mutations.py)."""
     out = tmp_path_factory.mktemp("emu")
     objects: dict[str, list[Path]] = {}
-    binaries: dict[tuple[str, str], Path] = {}
+    binaries: dict[tuple[str, str, str], Path] = {}
 
     def runtime(variant: str) -> list[Path]:
         if variant not in objects:
@@ -58,11 +59,12 @@ def build(tmp_path_factory):
             objects[variant] = objs
         return objects[variant]
 
-    def get(program: str, variant: str = "fast") -> Path:
-        key = (program, variant)
+    def get(program: str, variant: str = "fast", include: Path | None = None) -> Path:
+        key = (program, variant, str(include or ""))
         if key not in binaries:
-            exe = out / f"{program}.{variant}"
-            _compile([GXX, *CXXFLAGS, *VARIANTS[variant], str(EMU_TESTS / f"{program}.cpp"),
+            exe = out / f"{program}.{variant}.{len(binaries)}"
+            first = [f"-I{include}"] if include else []
+            _compile([GXX, *first, *CXXFLAGS, *VARIANTS[variant], str(EMU_TESTS / f"{program}.cpp"),
                       *map(str, runtime(variant)), "-lpthread", "-o", str(exe)])
             binaries[key] = exe
         return binaries[key]
@@ -84,10 +86,11 @@ def _run_program(exe: Path, *args: str, **env: str) -> subprocess.CompletedProce
 
 
 @pytest.mark.parametrize("program", ["test_collectives", "test_tensor_core", "test_schedules", "test_failures",
-                                     "test_threads"])
+                                     "test_threads", "test_cp_async"])
 def test_emulator_program(build, program):
     """Barrier, shuffles, votes, smem, atomics / mma + ldmatrix + cp.async vs naive references / a missing
-    __syncthreads exposed by reverse+random schedules / DEADLOCK reports and invalid configs / OS threads."""
+    __syncthreads exposed by reverse+random schedules / DEADLOCK reports (incl. a collective split across two
+    call sites) and invalid configs / OS threads / cp.async poison at issue, copy at wait, pending at exit."""
     _run_program(build(program))
 
 

@@ -49,6 +49,7 @@ class BlockRunner {
     void* dst;
     const void* src;
     unsigned bytes, src_bytes;
+    SrcLoc loc;  // where it was issued, for the pending-at-exit report
   };
   struct Fiber {
     Context ctx;
@@ -66,6 +67,7 @@ class BlockRunner {
   struct Warp {
     int arrived, nlanes;
     Combine combine;
+    SrcLoc loc;  // call site of the first lane to arrive: the others must wait at the same one
     LaneSlot lanes[32];
   };
 
@@ -73,6 +75,7 @@ class BlockRunner {
   void resume(Fiber& f);
   void to_scheduler(Fiber& f, bool exiting);
   void perform_copies(Fiber& f, size_t upto);
+  void check_no_pending_copies(Fiber& f);
   std::string describe(const Fiber& f) const;
   std::string report(const std::string& headline) const;
   std::string block_name() const;

@@ -34,6 +34,27 @@ __global__ void divergent_barrier_kernel(int* out) {
   }
 }
 
+// One shuffle per branch of a divergent `if`: same kind, two call sites — not one warp instruction.
+__global__ void split_collective_kernel(float* out) {
+  float v = threadIdx.x;
+  if (threadIdx.x & 1)
+    v = simt::shfl_xor(v, 1);
+  else
+    v = simt::shfl_xor(v, 1);
+  out[threadIdx.x] = v;
+}
+
+// __syncwarp may be reached at different call sites (sm_70+ semantics): accepted.
+__global__ void split_syncwarp_kernel(int* out) {
+  if (threadIdx.x & 1) {
+    out[threadIdx.x] = 1;
+    __syncwarp();
+  } else {
+    out[threadIdx.x] = 2;
+    __syncwarp();
+  }
+}
+
 __global__ void misaligned_ldmatrix_kernel(uint32_t* out) {
   __shared__ __align__(16) uint16_t rows[33][8];
   uint32_t r[1];
@@ -84,6 +105,11 @@ int main() {
       expect_failure(simt::launch(divergent_barrier_kernel, dim3(1), dim3(8), 0, nullptr, n.data()),
                      cudaErrorLaunchFailure, {"DEADLOCK", "different barriers", "threadIdx (1,0,0): waiting at __syncthreads()"},
                      "divergent barrier");
+      expect_failure(simt::launch(split_collective_kernel, dim3(1), dim3(64), 0, nullptr, f.data()),
+                     cudaErrorLaunchFailure,
+                     {"DEADLOCK", "reach __shfl_xor_sync at different call sites: test_failures.cpp:", "split_collective_kernel"},
+                     "collective split across two call sites");
+      CHECK_OK(simt::launch(split_syncwarp_kernel, dim3(1), dim3(64), 0, nullptr, n.data()));
       expect_failure(simt::launch(misaligned_ldmatrix_kernel, dim3(1), dim3(32), 0, nullptr, u.data()),
                      cudaErrorMisalignedAddress, {"not 16-byte aligned", "ldmatrix"}, "misaligned ldmatrix");
       check_runtime_still_works();
