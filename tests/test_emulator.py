@@ -23,7 +23,9 @@ RUNTIME = sorted((CSRC / "simt").glob("emu_*.cpp"))
 GXX = shutil.which("g++")
 
 # -rdynamic: kernel names in reports come from dladdr, which needs the executable's symbols exported.
-CXXFLAGS = ["-std=c++20", "-O1", "-g", "-rdynamic", "-Wall", "-Wno-unknown-pragmas", f"-I{CSRC}", f"-I{EMU_TESTS}"]
+# -fsanitize=alignment: misaligned typed accesses fail the launch (csrc/simt/emu_align.cpp), as in the module.
+CXXFLAGS = ["-std=c++20", "-O1", "-g", "-rdynamic", "-Wall", "-Wno-unknown-pragmas", f"-I{CSRC}", f"-I{EMU_TESTS}",
+            "-fsanitize=alignment", "-fno-sanitize-recover=alignment"]
 VARIANTS = {
     "fast": [],  # hand-written x86-64 context switch
     "ucontext": ["-DMK_SIMT_UCONTEXT=1"],  # the portable fallback

@@ -7,6 +7,8 @@
 // order. A round in which nobody could run while some threads are still waiting is a deadlock.
 #include "emu_block.h"
 
+#include "emu_stats.h"
+
 #include <cxxabi.h>
 #include <dlfcn.h>
 
@@ -45,6 +47,8 @@ bool same_site(SrcLoc a, SrcLoc b) {
 }
 std::string xyz(dim3 v) { return xyz(static_cast<uint3>(v)); }
 
+}  // namespace
+
 std::string kernel_name(const void* kernel) {
   Dl_info info{};
   if (kernel && dladdr(kernel, &info) && info.dli_sname) {
@@ -58,7 +62,6 @@ std::string kernel_name(const void* kernel) {
   std::snprintf(buf, sizeof buf, "%p", kernel);
   return std::string("<kernel at ") + buf + ">";
 }
-}  // namespace
 
 BlockRunner& this_thread_runner() {
   thread_local BlockRunner runner;
@@ -67,7 +70,7 @@ BlockRunner& this_thread_runner() {
 BlockRunner* BlockRunner::active() { return tl_active; }
 
 // ---- running a block -----------------------------------------------------------------------------------
-bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t block, Failure& failure) {
+bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t block, Failure& failure, bool stats) {
   const int n = static_cast<int>(spec.block.x * spec.block.y * spec.block.z);
   if (!stacks_.reserve(n, fiber_stack_size())) {
     failure = {cudaErrorMemoryAllocation, "SIMT emulator: could not map " + std::to_string(n) + " fiber stacks"};
@@ -122,6 +125,9 @@ bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t
 
   BlockRunner* const outer = tl_active;
   tl_active = this;
+  stats_ = stats;
+  if (stats_)
+    stats::block_begin({smem_, smem_ + spec.smem_bytes, stacks_.begin(), stacks_.end(), n});
   int exited = 0;
   while (!failed_) {
     if (schedule.kind == ScheduleKind::Random) std::shuffle(order.begin(), order.end(), rng);
@@ -140,6 +146,7 @@ bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t
       failed_ = true;
     }
   }
+  if (stats_) stats::block_end(!failed_);
   tl_active = outer;
   dirty_stacks_ = failed_;
   spec_ = nullptr;
@@ -166,6 +173,7 @@ void BlockRunner::fiber_main(void* p) {
 void BlockRunner::resume(Fiber& f) {
   threadIdx = f.tid;
   current_ = &f;
+  if (stats_) stats::set_thread(f.index);
 #if SIMT_EMU_ASAN
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, stacks_.lo(f.index), stacks_.size());
@@ -202,6 +210,7 @@ void BlockRunner::warp_collective(const char* what, unsigned mask, Combine combi
     fault(cudaErrorLaunchFailure, std::string("DEADLOCK: partial-mask collective ") + what + "(mask=" + m + ") at " +
                                       at(loc) + " — the emulator synchronises whole warps only; use full-warp masks");
   }
+  if (stats_) stats::note_sync();
   Warp& w = warps_[f.index / 32];
   if (w.arrived == 0) {
     w.combine = combine;
@@ -233,6 +242,7 @@ int BlockRunner::block_barrier(const char* what, BarrierReduce op, int pred, Src
   f.loc = loc;
   f.pred = pred != 0;
   f.state = State::AtBarrier;
+  if (stats_) stats::note_sync();
   if (++barrier_arrived_ == static_cast<int>(fibers_.size())) {
     barrier_arrived_ = 0;
     int count = 0;
@@ -264,6 +274,10 @@ void BlockRunner::cp_async_issue(void* dst, const void* src, unsigned bytes, uns
   // (0xff: NaN / -1), copy at the wait. A thread still reading the old contents after another thread
   // issued a copy into them (a missing barrier before stage reuse) reads poison instead of plausible data.
   std::memset(dst, 0xff, bytes);
+  if (stats_) {
+    stats::access(dst, bytes, /*store=*/true, loc);
+    stats::access(src, src_bytes < bytes ? src_bytes : bytes, /*store=*/false, loc);
+  }
   current_->copies.push_back({dst, src, bytes, src_bytes < bytes ? src_bytes : bytes, loc});
 }
 
