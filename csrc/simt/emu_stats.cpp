@@ -95,6 +95,16 @@ inline void record(Site site, uintptr_t addr, uint32_t bytes, bool store) {
   if (b.stacks.has(addr) || is_index_variable(addr)) return;  // locals, the emulator's index variables
   const bool shared = b.smem.has(addr) || b.tls.has(addr);
   if (store && !shared) b.worked = true;
+  // The host compiler may split one 8- or 16-byte vector access of the kernel into scalar ones (each its own
+  // site): an access that continues the same thread's previous one inside one 16-byte chunk extends it.
+  if (!b.trace.empty()) {
+    Access& prev = b.trace.back();
+    if (prev.thread == b.thread && prev.store == store && prev.addr + prev.bytes == addr &&
+        prev.bytes + bytes <= 16 && prev.addr / 16 == (addr + bytes - 1) / 16) {
+      prev.bytes += bytes;
+      return;
+    }
+  }
   b.trace.push_back({site, addr, bytes, static_cast<uint16_t>(b.thread), store});
 }
 
@@ -332,11 +342,11 @@ inline void hook(void* pc, uintptr_t addr, uint32_t bytes, bool store) {
 }  // namespace
 
 #define SIMT_STATS_HOOKS(N)                                                                             \
-  extern "C" [[gnu::noinline]] void __asan_load##N##_noabort(uintptr_t a) {                           \
-    hook(__builtin_return_address(0), a, N, false);                                                     \
+  extern "C" [[gnu::noinline]] void __asan_load##N##_noabort(void* a) {                              \
+    hook(__builtin_return_address(0), reinterpret_cast<uintptr_t>(a), N, false);                        \
   }                                                                                                     \
-  extern "C" [[gnu::noinline]] void __asan_store##N##_noabort(uintptr_t a) {                          \
-    hook(__builtin_return_address(0), a, N, true);                                                      \
+  extern "C" [[gnu::noinline]] void __asan_store##N##_noabort(void* a) {                             \
+    hook(__builtin_return_address(0), reinterpret_cast<uintptr_t>(a), N, true);                         \
   }
 SIMT_STATS_HOOKS(1)
 SIMT_STATS_HOOKS(2)
@@ -344,13 +354,17 @@ SIMT_STATS_HOOKS(4)
 SIMT_STATS_HOOKS(8)
 SIMT_STATS_HOOKS(16)
 #undef SIMT_STATS_HOOKS
-extern "C" [[gnu::noinline]] void __asan_loadN_noabort(uintptr_t a, size_t n) {
-  hook(__builtin_return_address(0), a, static_cast<uint32_t>(n), false);
+// (void*, ...): the signatures gcc declares for these built-ins.
+extern "C" [[gnu::noinline]] void __asan_loadN_noabort(void* a, long n) {
+  hook(__builtin_return_address(0), reinterpret_cast<uintptr_t>(a), static_cast<uint32_t>(n), false);
 }
-extern "C" [[gnu::noinline]] void __asan_storeN_noabort(uintptr_t a, size_t n) {
-  hook(__builtin_return_address(0), a, static_cast<uint32_t>(n), true);
+extern "C" [[gnu::noinline]] void __asan_storeN_noabort(void* a, long n) {
+  hook(__builtin_return_address(0), reinterpret_cast<uintptr_t>(a), static_cast<uint32_t>(n), true);
 }
 extern "C" void __asan_handle_no_return() {}
+// Initialization-order bracketing the instrumentation emits around dynamic initializers: nothing to do.
+extern "C" void __asan_before_dynamic_init(const void*) {}
+extern "C" void __asan_after_dynamic_init() {}
 #endif
 
 // The Python accessor (mistral_kernels.emulated.simt_stats) reads this through ctypes.

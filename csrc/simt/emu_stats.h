@@ -10,6 +10,8 @@
 //   shared: bank conflicts — 32 banks of 4 bytes; a 4-byte access is one phase of 32 lanes, 8-byte two
 //           phases of 16, 16-byte four phases of 8 (ldmatrix: one phase per 8×8 matrix); a phase costs as
 //           many wavefronts as the most distinct 4-byte words any one bank serves (same word: broadcast).
+// An access continuing the same thread's previous one inside one 16-byte chunk is merged with it (g++
+// splits some vector copies into scalar ones; two adjacent scalar accesses count as one vector access).
 // Sources: plain loads / stores of the kernel code reach us through the compiler's address-sanitizer
 // callbacks (`-fsanitize=kernel-address` with outline calls, no ASan runtime; emu_stats.cpp defines the
 // callbacks): the module instruments stores only (grid waste, ~10 % cost), the standalone stats programs of
