@@ -8,6 +8,8 @@ compiled against the copy; the same program against the real kernel is the contr
                        destination at issue, so they read NaN.
   empty key range      the same kernel with no K/V tile to visit: the Q group is never waited for, the
                        threads exit with copies in flight — a fault naming blockIdx / threadIdx.
+  int32 row offset     common.cuh's PagedKV::row truncated to 32 bits: tests/emu/test_int64_addressing.cpp
+                       (caches of > 2^31 elements, virtual memory only) must fail.
 Checks exercised by small kernels of their own: tests/emu/test_failures.cpp (a collective split across two
 call sites), tests/emu/test_cp_async.cpp (poison / copy-at-wait / pending at exit).
 """
@@ -59,3 +61,15 @@ def test_prefill_tc_with_unwaited_q_group_faults(build, tmp_path) -> None:  # no
     assert "cp.async still pending at thread exit: threadIdx (" in r.stderr, r.stderr[-3000:]
     assert re.search(r"of blockIdx \(0,0,0\) has \d+ copies in flight", r.stderr), r.stderr[-3000:]
     assert "paged_prefill_tc_kernel" in r.stderr
+
+
+def test_int64_addressing_program_passes(build) -> None:  # noqa: F811
+    """Decode (fp16, fp32), tensor-core and SIMT prefill over caches of > 2^31 elements vs naive attention."""
+    _run_program(build("test_int64_addressing"))
+
+
+def test_int32_row_offset_fails_int64_addressing(build, tmp_path) -> None:  # noqa: F811
+    inc = mutated_csrc(tmp_path, "common.cuh", r"\{ return s \* slot_stride; \}",
+                       "{ return static_cast<int32_t>(s * slot_stride); }")
+    r = _run([str(build("test_int64_addressing", include=inc))], env=_clean_env())
+    assert r.returncode != 0, "a 32-bit row offset went unnoticed:\n" + r.stdout
