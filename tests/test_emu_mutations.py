@@ -16,6 +16,7 @@ call sites), tests/emu/test_cp_async.cpp (poison / copy-at-wait / pending at exi
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import shutil
 from pathlib import Path
@@ -43,33 +44,49 @@ def mutated_csrc(root: Path, kernel: str, pattern: str, replacement: str) -> Pat
     return root
 
 
-def test_control_program_passes(build) -> None:  # noqa: F811
-    _run_program(build(PROGRAM))
+MUTANTS = {  # name: (program, kernel file, pattern, replacement)
+    "stage_reuse": (PROGRAM, "paged_prefill_tc.cuh", r"^\s*__syncthreads\(\);[^\n]*refills[^\n]*\n", ""),
+    "unwaited_q": (PROGRAM, "paged_prefill_tc.cuh", r"const int ntiles = [^;]*;", "const int ntiles = 0;"),
+    "int32_row": ("test_int64_addressing", "common.cuh", r"\{ return s \* slot_stride; \}",
+                  "{ return static_cast<int32_t>(s * slot_stride); }"),
+}
 
 
-def test_prefill_tc_without_stage_reuse_barrier_fails(build, tmp_path) -> None:  # noqa: F811
-    inc = mutated_csrc(tmp_path, "paged_prefill_tc.cuh", r"^\s*__syncthreads\(\);[^\n]*refills[^\n]*\n", "")
-    r = _run([str(build(PROGRAM, include=inc))], env=_clean_env())
+@pytest.fixture(scope="module")
+def binaries(build, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
+    """The control programs and every mutant, compiled two at a time."""
+    jobs = {"control": (PROGRAM, None), "int64": ("test_int64_addressing", None)}
+    for name, (program, kernel, pattern, replacement) in MUTANTS.items():
+        jobs[name] = (program, mutated_csrc(tmp_path_factory.mktemp(name), kernel, pattern, replacement))
+    build(PROGRAM)  # the emulator runtime objects, once, before the parallel compiles
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(build, program, include=inc) for name, (program, inc) in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_control_program_passes(binaries) -> None:
+    _run_program(binaries["control"])
+
+
+def test_prefill_tc_without_stage_reuse_barrier_fails(binaries) -> None:
+    r = _run([str(binaries["stage_reuse"])], env=_clean_env())
     assert r.returncode != 0, "removing the stage-reuse barrier went unnoticed:\n" + r.stdout
     assert re.search(r"out\[i\d+ h\d+ d\d+\] = nan", r.stderr), r.stderr[-3000:]
 
 
-def test_prefill_tc_with_unwaited_q_group_faults(build, tmp_path) -> None:  # noqa: F811
-    inc = mutated_csrc(tmp_path, "paged_prefill_tc.cuh", r"const int ntiles = [^;]*;", "const int ntiles = 0;")
-    r = _run([str(build(PROGRAM, include=inc))], env=_clean_env())
+def test_prefill_tc_with_unwaited_q_group_faults(binaries) -> None:
+    r = _run([str(binaries["unwaited_q"])], env=_clean_env())
     assert r.returncode != 0
     assert "cp.async still pending at thread exit: threadIdx (" in r.stderr, r.stderr[-3000:]
     assert re.search(r"of blockIdx \(0,0,0\) has \d+ copies in flight", r.stderr), r.stderr[-3000:]
     assert "paged_prefill_tc_kernel" in r.stderr
 
 
-def test_int64_addressing_program_passes(build) -> None:  # noqa: F811
+def test_int64_addressing_program_passes(binaries) -> None:
     """Decode (fp16, fp32), tensor-core and SIMT prefill over caches of > 2^31 elements vs naive attention."""
-    _run_program(build("test_int64_addressing"))
+    _run_program(binaries["int64"])
 
 
-def test_int32_row_offset_fails_int64_addressing(build, tmp_path) -> None:  # noqa: F811
-    inc = mutated_csrc(tmp_path, "common.cuh", r"\{ return s \* slot_stride; \}",
-                       "{ return static_cast<int32_t>(s * slot_stride); }")
-    r = _run([str(build("test_int64_addressing", include=inc))], env=_clean_env())
+def test_int32_row_offset_fails_int64_addressing(binaries) -> None:
+    r = _run([str(binaries["int32_row"])], env=_clean_env())
     assert r.returncode != 0, "a 32-bit row offset went unnoticed:\n" + r.stdout

@@ -8,6 +8,7 @@ No torch is needed by the C++ programs; a compiler is (the tests skip without g+
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import shutil
 import subprocess
@@ -58,6 +59,7 @@ def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("emu")
     objects: dict[str, list[Path]] = {}
     binaries: dict[tuple[str, str, str], Path] = {}
+    serial = itertools.count()
 
     def runtime(variant: str) -> list[Path]:
         if variant not in objects:
@@ -71,7 +73,7 @@ def build(tmp_path_factory):
     def get(program: str, variant: str = "fast", include: Path | None = None) -> Path:
         key = (program, variant, str(include or ""))
         if key not in binaries:
-            exe = out / f"{program}.{variant}.{len(binaries)}"
+            exe = out / f"{program}.{variant}.{next(serial)}"  # unique even when built from two threads
             first = [f"-I{include}"] if include else []
             flags = PROGRAM_VARIANTS[variant] if variant in PROGRAM_VARIANTS else VARIANTS[variant]
             rt = runtime("fast" if variant in PROGRAM_VARIANTS else variant)
