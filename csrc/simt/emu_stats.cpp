@@ -58,7 +58,8 @@ struct BlockState {
 thread_local bool tl_on = false;  // a block runs on this OS thread with stats enabled
 thread_local BlockState tl;
 
-// Launch being recorded (one at a time; concurrent launches from several host threads are merged).
+// Launch being recorded. One at a time: concurrent emulated launches from several host threads under
+// MK_SIMT_STATS would mix their counters (the tests launch from one thread).
 std::mutex g_mutex;
 LaunchStats g_launch;
 std::map<SiteOp, SiteStats> g_sites;
