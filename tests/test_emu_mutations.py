@@ -30,25 +30,33 @@ pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
 PROGRAM = "test_prefill_tc_pipeline"
 
 
-def mutated_csrc(root: Path, kernel: str, pattern: str, replacement: str) -> Path:
-    """A copy of csrc/kernels with `pattern` (a regex that must match exactly once) replaced in `kernel`;
-    simt/ and abi.h link to the real ones. Returns the directory to put first on the include path."""
+def mutated_csrc(root: Path, kernel: str, *edits: tuple[str, str, bool]) -> Path:
+    """A copy of csrc/kernels with each (regex, replacement, required) edit applied to `kernel` (a required
+    regex must match exactly once, an optional one at most once); simt/ and abi.h link to the real ones.
+    Returns the directory to put first on the include path."""
     kernels = root / "kernels"
     shutil.copytree(CSRC / "kernels", kernels)
     (root / "simt").symlink_to(CSRC / "simt")
     (root / "abi.h").symlink_to(CSRC / "abi.h")
     path = kernels / kernel
-    text, n = re.subn(pattern, replacement, path.read_text(), flags=re.MULTILINE)
-    assert n == 1, f"mutation site /{pattern}/ found {n} times in csrc/kernels/{kernel} (update this test)"
+    text = path.read_text()
+    for pattern, replacement, required in edits:
+        text, n = re.subn(pattern, replacement, text, flags=re.MULTILINE)
+        assert n == 1 or (n == 0 and not required), \
+            f"mutation site /{pattern}/ found {n} times in csrc/kernels/{kernel} (update this test)"
     path.write_text(text)
     return root
 
 
-MUTANTS = {  # name: (program, kernel file, pattern, replacement)
-    "stage_reuse": (PROGRAM, "paged_prefill_tc.cuh", r"^\s*__syncthreads\(\);[^\n]*refills[^\n]*\n", ""),
-    "unwaited_q": (PROGRAM, "paged_prefill_tc.cuh", r"const int ntiles = [^;]*;", "const int ntiles = 0;"),
-    "int32_row": ("test_int64_addressing", "common.cuh", r"\{ return s \* slot_stride; \}",
-                  "{ return static_cast<int32_t>(s * slot_stride); }"),
+MUTANTS = {  # name: (program, kernel file, edits)
+    "stage_reuse": (PROGRAM, "paged_prefill_tc.cuh", [(r"^\s*__syncthreads\(\);[^\n]*refills[^\n]*\n", "", True)]),
+    # no K/V tile, and no wait after the loop either (a kernel may add one to retire the Q group)
+    "unwaited_q": (PROGRAM, "paged_prefill_tc.cuh", [
+        (r"const int ntiles = [^;]*;", "const int ntiles = 0;", True),
+        (r"^\s*simt::cp_async_wait<0>\(\);\n(?=(?:\s*__syncthreads\(\);\n)?\s*if \(!warp_rows\) return;)", "", False),
+    ]),
+    "int32_row": ("test_int64_addressing", "common.cuh",
+                  [(r"\{ return s \* slot_stride; \}", "{ return static_cast<int32_t>(s * slot_stride); }", True)]),
 }
 
 
@@ -56,8 +64,8 @@ MUTANTS = {  # name: (program, kernel file, pattern, replacement)
 def binaries(build, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
     """The control programs and every mutant, compiled two at a time."""
     jobs = {"control": (PROGRAM, None), "int64": ("test_int64_addressing", None)}
-    for name, (program, kernel, pattern, replacement) in MUTANTS.items():
-        jobs[name] = (program, mutated_csrc(tmp_path_factory.mktemp(name), kernel, pattern, replacement))
+    for name, (program, kernel, edits) in MUTANTS.items():
+        jobs[name] = (program, mutated_csrc(tmp_path_factory.mktemp(name), kernel, *edits))
     build(PROGRAM)  # the emulator runtime objects, once, before the parallel compiles
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = {name: pool.submit(build, program, include=inc) for name, (program, inc) in jobs.items()}
