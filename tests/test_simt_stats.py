@@ -8,6 +8,8 @@ Shape letters: T tokens, H hidden, Tq packed queries, B sequences, Hq / Hkv head
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,9 +66,14 @@ def _prefill_empty_fraction(emulated, dtype: torch.dtype) -> float:
     return launch.empty_fraction
 
 
-@pytest.mark.xfail(strict=True, reason="prefill grid (ceil(Tq·G/64), Hkv, B) sizes every sequence's block column "
-                   "for the longest one: 72.5 % empty blocks here; the grid rework belongs to the decode/prefill "
-                   "kernels' owner (strict: passes → remove this marker)")
+# The grid (ceil(Tq·G/64), Hkv, B) sizes every sequence's block column for the longest one (72.5 % empty blocks
+# here). Until both prefill kernels take their tiles from a work list (prefill_locate_tile, owned by the
+# attention kernels' work), the bound is an expected failure; strict, so a fix without that name shows up.
+_WORK_LIST = all("prefill_locate_tile" in (Path(__file__).resolve().parents[1] / "csrc" / "kernels" / f).read_text()
+                 for f in ("paged_prefill.cuh", "paged_prefill_tc.cuh"))
+
+
+@pytest.mark.xfail(not _WORK_LIST, strict=True, reason="prefill grid sized per longest sequence: 72.5 % empty blocks")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_prefill_grid_waste_is_bounded(emulated, dtype: torch.dtype) -> None:
     assert _prefill_empty_fraction(emulated, dtype) <= 0.5
