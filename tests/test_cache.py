@@ -88,10 +88,9 @@ def test_freed_blocks_are_never_read_by_attention(dtype: torch.dtype) -> None:
     Decode and prefill attention over a's (partly FREED) table must equal the reference on an intact cache."""
     torch.manual_seed(0)
     hq, hkv, d, bs, w = 4, 2, 64, 8, 8
-    nb = 12
-    k_cache = torch.randn(nb, bs, hkv, d, dtype=dtype)
-    v_cache = torch.randn(nb, bs, hkv, d, dtype=dtype)
-    bm = BlockManager(nb, bs, sliding_window=w)
+    bm = BlockManager(11, bs, sliding_window=w)
+    k_cache = torch.randn(bm.num_physical_blocks, bs, hkv, d, dtype=dtype)
+    v_cache = torch.randn(bm.num_physical_blocks, bs, hkv, d, dtype=dtype)
     length = 40
     bm.allocate("a", 0, length)                     # every block materialised (prefill from 0)
     intact_table = list(bm.block_table("a"))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .cache import BlockManager
+from .cache import BlockManager, cache_salt
 from .logprobs import TokenLogprob
 from .output import Completion, OutputProcessor
 from .request import Request, RequestTimings
@@ -55,16 +55,20 @@ class Engine:
     max_tokens_per_step : int
         Token budget of one step (prefill chunks are cut to it).
     eos_ids : token ids that end generation (default: the tokenizer's).
+    prefix_caching : bool
+        Share the KV blocks of common prompt prefixes between requests (:mod:`.cache`; on by default).
     """
 
     def __init__(self, model: PagedModel, tokenizer: Tokenizer | None, *, num_blocks: int, block_size: int = 16,
-                 max_batch: int = 8, max_tokens_per_step: int = 512, eos_ids: Sequence[int] | None = None) -> None:
+                 max_batch: int = 8, max_tokens_per_step: int = 512, eos_ids: Sequence[int] | None = None,
+                 prefix_caching: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
-        self.scheduler = Scheduler(BlockManager(num_blocks, block_size, model.config.sliding_window), max_batch,
-                                   max_tokens_per_step)
-        self.runner = ModelRunner(model, num_blocks, block_size)
+        blocks = BlockManager(num_blocks, block_size, model.config.sliding_window, prefix_caching=prefix_caching,
+                              salt=cache_salt(model.config, model.dtype))
+        self.scheduler = Scheduler(blocks, max_batch, max_tokens_per_step)
+        self.runner = ModelRunner(model, blocks.num_physical_blocks, block_size)
         if eos_ids is None:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)

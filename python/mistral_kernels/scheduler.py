@@ -10,9 +10,14 @@ tensors. One :meth:`Scheduler.schedule`:
 2. then waiting requests are admitted (arrival order) while budget, batch slots and KV blocks last.
 
 When a running request cannot get the block it needs, the most recently arrived running request is
-*preempted*: its blocks are freed and it goes back to the waiting queue with its tokens so far (prompt +
+*preempted*: its blocks are released and it goes back to the waiting queue with its tokens so far (prompt +
 generated), to be recomputed by a later prefill; its sampler state (own generator) is untouched, so its
 output is the same as without pressure. Waiting requests simply wait for blocks.
+
+Prefix caching (:mod:`.cache`): on admission — first or after a preemption — a request starts from the
+longest cached prefix of its tokens (:meth:`BlockManager.match_prefix`) and computes only the rest (at least
+its last token, so the step has its logits); a preempted request thus usually finds its own blocks again.
+After each step :meth:`Scheduler.commit` gives the newly computed full blocks their content address.
 
 Worked example (block_size 4, 3 free blocks, budget 8). Running: A (arrived first; 4 tokens cached in
 1 full block, decoding its 5th) and B (8 cached in 2 full blocks, decoding its 9th); waiting: C (prompt of
@@ -57,11 +62,14 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class SchedulerOutput:
-    """One step's plan: the chunks in batch order, the KV block size, and how many requests were preempted."""
+    """One step's plan: the chunks in batch order, the KV block size, how many requests were preempted, and
+the prefix-cache lookups of the requests admitted in it."""
 
     chunks: list[ScheduledChunk]
     block_size: int
     num_preempted: int
+    prefix_query_tokens: int = 0  # tokens of the requests admitted in this step
+    prefix_hit_tokens: int = 0  # of which found in the prefix cache (not computed)
 
     @property
     def sampling_requests(self) -> list[Request]:
@@ -123,7 +131,7 @@ class Scheduler:
         self._waiting.append(request)
 
     def abort(self, rid: int) -> Request | None:
-        """Remove an unfinished request (waiting or running) and free its blocks; None if it is not queued."""
+        """Remove an unfinished request (waiting or running) and release its blocks; None if it is not queued."""
         for queue in (self._waiting, self._running):
             for r in queue:
                 if r.rid == rid:
@@ -133,7 +141,7 @@ class Scheduler:
         return None
 
     def finish(self, request: Request) -> None:
-        """Remove a finished running request and free its blocks."""
+        """Remove a finished running request and release its blocks."""
         self._running.remove(request)
         self.blocks.free(request.rid)
 
@@ -164,14 +172,19 @@ class Scheduler:
             budget -= got
             i += 1
         # 2. admit waiting requests, oldest first, while blocks last (no preemption for newcomers).
+        queried = hit = 0
         while self._waiting and budget > 0 and len(chosen) < self.max_batch:
             r = self._waiting[0]
+            r.num_computed = self.blocks.match_prefix(r.rid, r.all_ids)
             want = min(r.num_tokens - r.num_computed, budget)
             got = self._try_allocate(r, want)
             if got == 0 or (got < want and chosen):
-                if got:
-                    self.blocks.free(r.rid)  # only a sliver fits while others run: wait for a full chunk
+                # nothing fits, or only a sliver while others run: wait for a full chunk
+                self.blocks.free(r.rid)
+                r.num_computed = 0
                 break
+            queried += r.num_tokens
+            hit += r.num_computed
             self._waiting.pop(0)
             self._running.append(r)
             self._running.sort(key=lambda x: x.rid)
@@ -179,12 +192,15 @@ class Scheduler:
                 r.timings.first_scheduled = time.perf_counter()
             chosen.append((r, got))
             budget -= got
-        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted)
+        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted,
+                               queried, hit)
 
     def commit(self, output: SchedulerOutput) -> None:
-        """After the step's forward: the chunks' k/v are in the cache."""
+        """After the step's forward: the chunks' k/v are in the cache (full blocks become cached)."""
         for c in output.chunks:
-            c.request.num_computed += c.num_new
+            r = c.request
+            r.num_computed += c.num_new
+            self.blocks.cache_computed(r.rid, r.num_computed, r.token_ids)
 
     def _chunk(self, r: Request, n: int) -> ScheduledChunk:
         c = r.num_computed

@@ -1,4 +1,5 @@
-"""Engine counters: prompt / decode tokens and seconds, the bytes decode steps read, preemptions.
+"""Engine counters: prompt / decode tokens and seconds, the bytes decode steps read, preemptions, prefix-cache
+hits.
 
 A step with any prefill token counts as prefill time (tokens: the prompt tokens computed, recomputation
 included); a decode-only step counts as decode time and as the memory traffic of
@@ -21,7 +22,8 @@ __all__ = ["DecodeTraffic", "EngineStats", "weight_bytes"]
 @dataclass
 class EngineStats:
     """Counters for the stats line. Steps with any prefill token count as prefill time (tokens: the prompt
-    tokens computed, recomputation included); decode-only steps count as decode time."""
+    tokens computed, recomputation included); decode-only steps count as decode time. Prefix cache: each
+    admission (first or after a preemption) queries its tokens; the hits are those not computed."""
 
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
@@ -30,6 +32,13 @@ class EngineStats:
     decode_bytes: float = 0.0  # weights + KV bytes read by decode-only steps
     steps: int = 0
     preemptions: int = 0
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached / queried tokens of the admitted requests (0 before any admission)."""
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     @property
     def prompt_tok_per_s(self) -> float:
@@ -46,6 +55,8 @@ class EngineStats:
     def record_step(self, output: SchedulerOutput, num_sampled: int, seconds: float, traffic: DecodeTraffic) -> None:
         """Count one executed step (preemptions are counted by the caller, also for steps that run nothing)."""
         self.steps += 1
+        self.prefix_query_tokens += output.prefix_query_tokens
+        self.prefix_hit_tokens += output.prefix_hit_tokens
         prefill = output.num_prefill_tokens
         if prefill:
             self.prompt_tokens += prefill
