@@ -19,6 +19,7 @@ from mistral_kernels.default_model import default_model_path
 from mistral_kernels.model import Model
 
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
+from .test_prefix_models import check_prefix_caching_changes_nothing
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file (pip install accelerate)")
@@ -77,3 +78,9 @@ def test_greedy_32_tokens_match_transformers(ours: Model, reference: torch.nn.Mo
                                              prompt_ids: torch.Tensor) -> None:
     assert greedy_ours(ours, prompt_ids, 32, block_size=16) == greedy_transformers(reference, prompt_ids, 32)
 
+
+def test_prefix_caching_changes_nothing(ours: Model) -> None:
+    """test_prefix_models.py's script (shared prefixes, block boundaries, strict prefixes, preemption) on
+    SmolLM2: equal greedy tokens and logits with and without the prefix cache (few tokens: each step reads
+    all the weights)."""
+    check_prefix_caching_changes_nothing(ours, 8, pool=6, budget=64, seed=1, new=2, new_preempt=8)

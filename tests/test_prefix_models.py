@@ -1,0 +1,132 @@
+"""Prefix caching changes no result: real models through the engine, with and without the cache.
+
+For tiny Mistral (sliding window 16), tiny Mixtral and SmolLM2 (the real default model), one script of
+requests runs on two engines — ``prefix_caching=False`` and ``True`` — and every request's greedy tokens
+must be equal and its logits at each sampled step within fp32 tolerance (docs/design.md §5: 1e-4, the
+incremental-decode bound); the engine without the cache is checked against transformers in test_engine.py,
+test_model_parity.py and test_smollm2.py (whose session fixture runs the SmolLM2 case, see there). The
+script covers: a system prompt shared across a batch, a request after the first
+finished, prefixes ending exactly on / one off a block boundary, a strict prefix of a cached request, and
+preemption under a tiny pool with shared blocks; the cached run must really hit (and preempt).
+Shape letters: V vocab, S sampled steps of a request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mistral_kernels import load_model
+from mistral_kernels.engine import Engine
+from mistral_kernels.sampling import SamplingParams
+
+from .test_engine import tiny_mistral  # noqa: F401  (fixture)
+from .test_model_parity import COMMON
+
+transformers = pytest.importorskip("transformers")
+
+
+class Recording:
+    """The model, recording the logits [N, V] of every forward (the rows of the step's sampling requests)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.config, self.device, self.dtype = model, model.config, model.device, model.dtype
+        self.logits: list[torch.Tensor] = []
+
+    def new_cache(self, num_blocks: int, block_size: int) -> Any:
+        return self.model.new_cache(num_blocks, block_size)
+
+    def forward(self, token_ids: torch.Tensor, batch: Any, cache: Any) -> torch.Tensor:
+        out = self.model.forward(token_ids, batch, cache)
+        self.logits.append(out)
+        return out
+
+
+Phase = list[tuple[list[int], int]]  # requests (prompt, max_new_tokens) added together
+
+
+def _script(vocab: int, bs: int, seed: int, new: int, new_preempt: int) -> tuple[list[Phase], Phase]:
+    """The shared-prefix phases (run one after the other) and the preemption phase (tiny pool)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+    system = rand(2 * bs + 3)
+    p = rand(3 * bs)
+    phases = [
+        [(system + rand(n), new) for n in (1, 5, 9, 13)],                # shared system prompt across a batch
+        [(system + rand(4), new)],                                        # after the first ones finished
+        [(p, new)],
+        [(p[:2 * bs] + rand(3), new), (p[:2 * bs + 1] + rand(3), new),   # prefix ends on / one after /
+         (p[:2 * bs - 1] + rand(3), new)],                                # one before a block boundary
+        [(p[:2 * bs], new), (p[:2 * bs + 1], new), (p[:5], new), (list(p), new)],  # strict prefixes of p
+    ]
+    preempt = [(system + rand(n), new_preempt) for n in (2, 7, 3, 11)]
+    return phases, preempt
+
+
+def _run(model: Any, phases: list[Phase], *, caching: bool, num_blocks: int, bs: int, budget: int):
+    """Run the phases on one engine; per request (in order): greedy tokens and logits [S, V]."""
+    rec = Recording(model)
+    eng = Engine(rec, None, num_blocks=num_blocks, block_size=bs, max_batch=4, max_tokens_per_step=budget,
+                 eos_ids=(), prefix_caching=caching)
+    tokens: list[list[int]] = []
+    logits: list[list[torch.Tensor]] = []
+    for phase in phases:
+        rids = [eng.add_request(prompt, SamplingParams(max_new_tokens=n)) for prompt, n in phase]
+        rows: dict[int, list[torch.Tensor]] = {rid: [] for rid in rids}
+        while eng.has_unfinished():
+            before = len(rec.logits)
+            eng.step()
+            if len(rec.logits) > before:
+                for rid, row in zip(eng.last_sampled, rec.logits[-1]):
+                    rows[rid].append(row)
+        tokens += [c.token_ids for c in eng.run(rids)]
+        logits += [rows[rid] for rid in rids]
+    assert eng.blocks.num_free_blocks == num_blocks and eng.blocks.num_used_blocks == 0
+    return tokens, [torch.stack(r) for r in logits], eng.stats
+
+
+def check_prefix_caching_changes_nothing(model: Any, bs: int, *, pool: int, budget: int, seed: int = 0,
+                                         new: int = 6, new_preempt: int = 20) -> None:
+    """The module's script on ``model`` with block size ``bs``; the preemption phase on ``pool`` blocks."""
+    phases, preempt = _script(model.config.vocab_size, bs, seed, new, new_preempt)
+    want_t, want_l, _ = _run(model, phases, caching=False, num_blocks=256, bs=bs, budget=budget)
+    got_t, got_l, stats = _run(model, phases, caching=True, num_blocks=256, bs=bs, budget=budget)
+    assert got_t == want_t
+    for g, w in zip(got_l, want_l):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+    assert stats.prefix_hit_tokens >= 14 * bs, stats                # every phase after the first batch hits
+    # Preemption under a tiny pool with shared blocks: the cached run preempts and still matches.
+    want_t, want_l, _ = _run(model, [preempt], caching=False, num_blocks=256, bs=bs, budget=budget)
+    got_t, got_l, stats = _run(model, [preempt], caching=True, num_blocks=pool, bs=bs, budget=budget)
+    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0, stats
+    assert got_t == want_t
+    for g, w in zip(got_l, want_l):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+
+
+def test_tiny_mistral_sliding_window(tiny_mistral) -> None:  # noqa: F811
+    model, _ = tiny_mistral
+    assert model.config.sliding_window == 16
+    check_prefix_caching_changes_nothing(model, 8, pool=5, budget=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral(tmp_path_factory: pytest.TempPathFactory):
+    torch.manual_seed(0)
+    hf = transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                                                    rope_theta=1e6, **COMMON)).eval()
+    path: Path = tmp_path_factory.mktemp("tiny_mixtral")
+    hf.save_pretrained(path)
+    model = load_model(path, progress=False)
+    assert model.config.is_moe and model.config.sliding_window is None
+    return model
+
+
+def test_tiny_mixtral(tiny_mixtral) -> None:
+    check_prefix_caching_changes_nothing(tiny_mixtral, 8, pool=9, budget=16)
