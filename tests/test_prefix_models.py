@@ -23,7 +23,7 @@ from mistral_kernels import load_model
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 
-from .test_engine import tiny_mistral  # noqa: F401  (fixture)
+from .test_engine import CharTokenizer, ToyModel, tiny_mistral  # noqa: F401  (fixture)
 from .test_model_parity import COMMON
 
 transformers = pytest.importorskip("transformers")
@@ -130,3 +130,34 @@ def tiny_mixtral(tmp_path_factory: pytest.TempPathFactory):
 
 def test_tiny_mixtral(tiny_mixtral) -> None:
     check_prefix_caching_changes_nothing(tiny_mixtral, 8, pool=9, budget=16)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_toy_model_flags_stats_and_metrics(window: int | None) -> None:
+    """The toy model (next token = hash of the keys read through the block table, NaN in unwritten slots) gives
+    the same tokens with the cache; the hit counters reach the stats line and the server's metrics."""
+    phases, preempt = _script(50, 4, 3, new=9, new_preempt=12)
+    want, _, _ = _run(ToyModel(window=window), phases + [preempt], caching=False, num_blocks=64, bs=4, budget=8)
+    got, _, stats = _run(ToyModel(window=window), phases + [preempt], caching=True, num_blocks=64, bs=4, budget=8)
+    assert got == want and stats.prefix_hit_tokens > 14 * 4
+    from mistral_kernels.cli import build_parser, prefix_cache_stats
+
+    args = build_parser().parse_args(["generate", "--prompt", "x"])
+    assert args.enable_prefix_caching
+    assert not build_parser().parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching
+    eng = Engine(ToyModel(window=window), CharTokenizer(), num_blocks=16, block_size=4)
+    assert prefix_cache_stats(eng) == "prefix cache hit 0.0% (0/0 tok)"
+    eng.run([eng.add_request(list(range(10)), SamplingParams(max_new_tokens=3))])
+    eng.run([eng.add_request(list(range(9)) + [20], SamplingParams(max_new_tokens=3))])
+    assert prefix_cache_stats(eng) == "prefix cache hit 40.0% (8/20 tok)"
+    off = Engine(ToyModel(window=window), CharTokenizer(), num_blocks=16, block_size=4, prefix_caching=False)
+    assert prefix_cache_stats(off) == "prefix cache off"
+    pytest.importorskip("prometheus_client")
+    from mistral_kernels.serve.metrics import ServerMetrics
+
+    text = ServerMetrics(eng).render().decode()
+    cached = eng.blocks.num_evictable_blocks
+    assert cached == 4      # 12 computed positions each: 3 blocks of the 1st + the 2nd's own 3rd block
+    for line in ("prefix_cache_queries_total 20.0", "prefix_cache_hits_total 8.0", "kv_blocks_used 0.0",
+                 f"kv_blocks_cached {cached}.0", "kv_blocks_total 16.0"):
+        assert f"mistral_kernels_{line}\n" in text, line

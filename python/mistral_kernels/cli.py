@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     import torch
 
+    from .engine import Engine
     from .parallel import ParallelContext
 
 _DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -70,6 +71,20 @@ def _positive(kind: type) -> object:
     return parse
 
 
+def add_prefix_caching_argument(p: argparse.ArgumentParser) -> None:
+    """``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (generate and serve)."""
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="share the KV blocks of common prompt prefixes between requests (on)")
+
+
+def prefix_cache_stats(engine: Engine) -> str:
+    """The stats-line field: prefix-cache hits / queried tokens of the admitted requests."""
+    if not engine.blocks.prefix_caching:
+        return "prefix cache off"
+    s = engine.stats
+    return f"prefix cache hit {s.prefix_hit_rate:.1%} ({s.prefix_hit_tokens}/{s.prefix_query_tokens} tok)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (every flag documented in README, section "Generation")."""
     parser = _Parser(prog="mistral-kernels",
@@ -102,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "for --max-batch sequences)")
     g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
                    help="token budget per engine step = prefill chunk size (512)")
+    add_prefix_caching_argument(g)
     g.add_argument("--tp", type=_positive(int), default=1,
                    help="tensor-parallel ranks; must equal the processes torchrun starts (1)")
     g.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
@@ -110,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .serve.args import add_serve_arguments
 
-    add_serve_arguments(sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)"),
-                        _positive, sorted(_DTYPES))
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    add_serve_arguments(serve, _positive, sorted(_DTYPES))
+    add_prefix_caching_argument(serve)
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
     i.add_argument("--model", help="as for generate (default: the default model)")
@@ -219,7 +236,7 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
         llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
-                  progress=not quiet)
+                  progress=not quiet, prefix_caching=args.enable_prefix_caching)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
@@ -249,7 +266,8 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
     tp = f" | tp {parallel.world_size} (per-rank peak mem)" if parallel is not None else ""
     print(f"[stats] load {llm.load_seconds:.2f} s | prompt {s.prompt_tokens} tok {s.prompt_tok_per_s:.1f} tok/s | "
           f"decode {s.decode_tokens} tok {s.decode_tok_per_s:.1f} tok/s | {s.decode_gb_per_s:.2f} GB/s | "
-          f"peak mem {_peak_memory(device)} | requests {len(done)} preemptions {s.preemptions}{tp}",
+          f"{prefix_cache_stats(llm.engine)} | peak mem {_peak_memory(device)} | requests {len(done)} "
+          f"preemptions {s.preemptions}{tp}",
           file=sys.stderr)
     return 0
 

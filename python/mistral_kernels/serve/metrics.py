@@ -11,7 +11,14 @@ name                                       kind       meaning
 ``generation_tokens_total``                counter    tokens generated
 ``time_to_first_token_seconds``            histogram  request arrival → its first token
 ``inter_token_latency_seconds``            histogram  between two tokens of one request
-``kv_blocks_used`` / ``kv_blocks_total``   gauge      KV cache blocks owned by requests / in the pool
+``kv_blocks_used`` / ``kv_blocks_total``   gauge      KV cache blocks held by requests (a shared block
+                                                     once) / in the pool (cached blocks nobody holds are
+                                                     free: reused on demand, not counted as used)
+``kv_blocks_cached``                       gauge      cached blocks nobody holds (prefix cache, evictable)
+``prefix_cache_queries_total``             counter    tokens of admitted requests looked up in the prefix
+                                                     cache (re-admissions after preemption included)
+``prefix_cache_hits_total``                counter    of which found cached (not computed); hit rate =
+                                                     hits / queries
 ``preemptions_total``                      counter    requests preempted (recomputed later)
 ``requests_finished_total{finish_reason}`` counter    requests that ended with "stop" / "length"
 ``requests_aborted_total``                 counter    requests dropped unfinished (client disconnected)
@@ -23,7 +30,10 @@ read when scraped.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from ..engine import Engine
 
@@ -44,9 +54,12 @@ class ServerMetrics:
         Gauge(p + "requests_waiting", "Requests waiting to be scheduled", registry=r).set_function(
             lambda: engine.num_waiting)
         blocks = engine.blocks
-        Gauge(p + "kv_blocks_used", "KV cache blocks owned by requests", registry=r).set_function(
-            lambda: blocks.num_blocks - blocks.num_free_blocks)
+        Gauge(p + "kv_blocks_used", "KV cache blocks held by requests (shared ones once)", registry=r).set_function(
+            lambda: blocks.num_used_blocks)
         Gauge(p + "kv_blocks_total", "KV cache blocks in the pool", registry=r).set(blocks.num_blocks)
+        Gauge(p + "kv_blocks_cached", "Cached KV blocks held by no request (evictable)", registry=r).set_function(
+            lambda: blocks.num_evictable_blocks)
+        r.register(_PrefixCacheCounters(engine, p))
         self.max_running = Gauge(p + "max_running", "Most requests given a token in one engine step",
                                  registry=r)
         self.max_running_value = 0
@@ -65,3 +78,17 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCounters:
+    """The prefix-cache counters, read from the engine's stats when scraped."""
+
+    def __init__(self, engine: Engine, prefix: str) -> None:
+        self.engine, self.prefix = engine, prefix
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.stats
+        yield CounterMetricFamily(self.prefix + "prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                  "cache", value=s.prefix_query_tokens)
+        yield CounterMetricFamily(self.prefix + "prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                                  value=s.prefix_hit_tokens)
