@@ -49,7 +49,7 @@ def _llm(model: ToyModel) -> LLM:
 
 def _assert_empty(eng: Engine) -> None:
     assert eng.blocks.num_free_blocks == NUM_BLOCKS
-    assert eng.blocks._tables == {} and eng.blocks._owned == {}
+    assert eng.blocks._tables == {} and eng.blocks.num_used_blocks == 0
     assert eng.scheduler.request_ids() == [] and not eng.has_unfinished()
     assert eng._finished == {}
     assert eng.output._states == {}
