@@ -67,7 +67,7 @@ def test_default_model_answers_paris(tmp_path: Path) -> None:
     assert single.returncode == 0, single.stderr
     assert "Paris" in single.stdout, single.stdout
     stats = single.stderr.strip().splitlines()[-1]
-    for field in ("load", "prompt", "decode", "tok/s", "GB/s", "peak mem"):
+    for field in ("load", "prompt", "decode", "tok/s", "GB/s", "prefix cache hit", "peak mem"):
         assert field in stats, stats
     batch = subprocess.run([sys.executable, "-m", "mistral_kernels", "generate", "--chat", "--prompts-file",
                             str(prompts), "--max-new-tokens", "12"],
