@@ -91,6 +91,27 @@ def test_match_prefix_rejects_a_sequence_with_blocks() -> None:
         bm.match_prefix("a", [1, 2, 3])
 
 
+def test_batch_sharing_a_prefix_computes_it_once() -> None:
+    """Four requests with a common 13-token prefix arrive together (block_size 4, budget 64): the first
+    computes the prefix; the others, whose next block it completes in that step, wait one step and then
+    start after its 3 full blocks (12 tokens)."""
+    s = Scheduler(BlockManager(num_blocks=32, block_size=4, prefix_caching=True), max_batch=4,
+                  max_tokens_per_step=64)
+    prefix = list(range(1, 14))
+    for rid in range(4):
+        s.add(Request(rid, prefix + [20 + rid, 30 + rid], SamplingParams(max_new_tokens=3), None, RequestTimings()))
+    first = s.schedule()
+    assert [(c.request.rid, c.num_cached, c.num_new) for c in first.chunks] == [(0, 0, 15)]
+    assert s.num_waiting == 3 and first.prefix_hit_tokens == 0
+    s.commit(first)
+    first.chunks[0].request.output_ids.append(7)
+    second = s.schedule()
+    assert [(c.request.rid, c.num_cached, c.num_new) for c in second.chunks] == [(0, 15, 1), (1, 12, 3), (2, 12, 3),
+                                                                               (3, 12, 3)]
+    assert second.prefix_query_tokens == 45 and second.prefix_hit_tokens == 36
+    assert len({c.block_table[2] for c in second.chunks}) == 1                  # one physical copy of the prefix
+
+
 # ---------------------------------------------------------------------------------------------- randomized
 class FakeForward:
     """The fake KV cache: slot → fingerprint of the prefix written there (None = never written)."""

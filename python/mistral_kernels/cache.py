@@ -34,7 +34,8 @@ What is never shared: a partial block (the last one of a sequence: only full blo
 block holding the last known token (at least one token is always computed, so the step has logits), and
 any block a sequence writes to — writes go only to blocks a sequence allocated itself (reference count
 1), because positions only grow and shared blocks are full. Blocks computed in one step are registered
-when that step is committed, so requests admitted in the same step do not share them yet.
+when that step is committed; the scheduler makes a request whose next block another request computes in
+the current step wait one step for it, rather than compute it again.
 
 Worked example (block_size 4, no window). A ran the prompt [1 2 3 4 | 5 6 7 8 | 9 10] and finished:
 its blocks of [1 2 3 4] and [5 6 7 8] are cached (evictable) under h1 = hash(root, 1 2 3 4) and
@@ -205,11 +206,7 @@ class BlockManager:
         if not self.prefix_caching or not self._block_of:
             return 0
         bs = self.block_size
-        hashes: list[bytes] = []
-        parent = self._root
-        for i in range((len(token_ids) - 1) // bs):  # the block of the last token is always computed
-            parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
-            hashes.append(parent)
+        hashes = self.addresses(token_ids, (len(token_ids) - 1) // bs)  # the last token's block is computed
         found = [self._block_of.get(h) for h in hashes]
         k = run = 0
         for i, block in enumerate(found):  # k blocks match when blocks first_needed(k*bs) … k-1 are cached
@@ -228,6 +225,25 @@ class BlockManager:
         self._first_live[seq] = first
         self._hashes[seq] = hashes[:k]
         return k * bs
+
+    def addresses(self, token_ids: Sequence[int], num_blocks: int) -> list[bytes]:
+        """Content addresses of the first ``num_blocks`` full blocks of ``token_ids``."""
+        bs, parent, out = self.block_size, self._root, []
+        for i in range(num_blocks):
+            parent = hash_block(parent, token_ids[i * bs:(i + 1) * bs])
+            out.append(parent)
+        return out
+
+    def completing_addresses(self, seq: Hashable, num_computed: int,
+                             token_ids: Callable[[int, int], Sequence[int]]) -> list[bytes]:
+        """Addresses of the blocks that become full when the sequence's k/v reach ``num_computed`` positions
+        (those :meth:`cache_computed` will register then)."""
+        hashes = self._hashes.get(seq, [])
+        bs, parent, out = self.block_size, hashes[-1] if hashes else self._root, []
+        for i in range(len(hashes), num_computed // bs):
+            parent = hash_block(parent, token_ids(i * bs, (i + 1) * bs))
+            out.append(parent)
+        return out
 
     def free_outside_window(self, seq: Hashable, first_query_pos: int) -> int:
         """Release the blocks no query at or after ``first_query_pos`` reads; return how many were released

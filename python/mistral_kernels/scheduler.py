@@ -17,7 +17,9 @@ output is the same as without pressure. Waiting requests simply wait for blocks.
 Prefix caching (:mod:`.cache`): on admission — first or after a preemption — a request starts from the
 longest cached prefix of its tokens (:meth:`BlockManager.match_prefix`) and computes only the rest (at least
 its last token, so the step has its logits); a preempted request thus usually finds its own blocks again.
-After each step :meth:`Scheduler.commit` gives the newly computed full blocks their content address.
+After each step :meth:`Scheduler.commit` gives the newly computed full blocks their content address. A
+waiting request whose next block is being computed in this step by an already chosen chunk (same address)
+waits for the next step instead of computing it too: a batch sharing a system prompt computes it once.
 
 Worked example (block_size 4, 3 free blocks, budget 8). Running: A (arrived first; 4 tokens cached in
 1 full block, decoding its 5th) and B (8 cached in 2 full blocks, decoding its 9th); waiting: C (prompt of
@@ -173,13 +175,15 @@ class Scheduler:
             i += 1
         # 2. admit waiting requests, oldest first, while blocks last (no preemption for newcomers).
         queried = hit = 0
+        pending = self._pending_addresses(chosen)
         while self._waiting and budget > 0 and len(chosen) < self.max_batch:
             r = self._waiting[0]
             r.num_computed = self.blocks.match_prefix(r.rid, r.all_ids)
             want = min(r.num_tokens - r.num_computed, budget)
-            got = self._try_allocate(r, want)
+            got = 0 if self._next_block_pending(r, pending) else self._try_allocate(r, want)
             if got == 0 or (got < want and chosen):
-                # nothing fits, or only a sliver while others run: wait for a full chunk
+                # nothing fits, only a sliver while others run (wait for a full chunk), or the next block is
+                # being computed by another request (wait for it)
                 self.blocks.free(r.rid)
                 r.num_computed = 0
                 break
@@ -192,6 +196,7 @@ class Scheduler:
                 r.timings.first_scheduled = time.perf_counter()
             chosen.append((r, got))
             budget -= got
+            pending.update(self._pending_addresses([(r, got)]))
         return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted,
                                queried, hit)
 
@@ -208,6 +213,20 @@ class Scheduler:
             request=r, num_cached=c, num_new=n, token_ids=r.token_ids(c, c + n),
             block_table=list(self.blocks.block_table(r.rid)), samples=c + n == r.num_tokens,
             is_decode=n == 1 and c == r.num_tokens - 1 and bool(r.output_ids))
+
+    def _pending_addresses(self, chosen: list[tuple[Request, int]]) -> set[bytes]:
+        """Addresses of the blocks the chosen chunks complete in this step (empty without prefix caching)."""
+        if not self.blocks.prefix_caching:
+            return set()
+        return {h for r, n in chosen for h in self.blocks.completing_addresses(r.rid, r.num_computed + n, r.token_ids)}
+
+    def _next_block_pending(self, r: Request, pending: set[bytes]) -> bool:
+        """Whether the first block ``r`` would compute (after its matched prefix) is completed by a chosen chunk
+        of this step — then ``r`` had better wait a step and share it."""
+        i = r.num_computed // self.blocks.block_size
+        if not pending or i >= (r.num_tokens - 1) // self.blocks.block_size:
+            return False
+        return self.blocks.addresses(r.all_ids, i + 1)[-1] in pending
 
     def _preempt(self, r: Request) -> None:
         self.blocks.free(r.rid)
