@@ -65,7 +65,7 @@ class ScheduledChunk:
 @dataclass(frozen=True)
 class SchedulerOutput:
     """One step's plan: the chunks in batch order, the KV block size, how many requests were preempted, and
-the prefix-cache lookups of the requests admitted in it."""
+    the prefix-cache lookups of the requests admitted in it."""
 
     chunks: list[ScheduledChunk]
     block_size: int
@@ -175,7 +175,7 @@ class Scheduler:
             i += 1
         # 2. admit waiting requests, oldest first, while blocks last (no preemption for newcomers).
         queried = hit = 0
-        pending = self._pending_addresses(chosen)
+        pending = self._pending_addresses(chosen) if self._waiting else set()
         while self._waiting and budget > 0 and len(chosen) < self.max_batch:
             r = self._waiting[0]
             r.num_computed = self.blocks.match_prefix(r.rid, r.all_ids)
