@@ -5,9 +5,9 @@ requests runs on two engines — ``prefix_caching=False`` and ``True`` — and e
 must be equal and its logits at each sampled step within fp32 tolerance (docs/design.md §5: 1e-4, the
 incremental-decode bound); the engine without the cache is checked against transformers in test_engine.py,
 test_model_parity.py and test_smollm2.py (whose session fixture runs the SmolLM2 case, see there). The
-script covers: a system prompt shared across a batch, a request after the first
-finished, prefixes ending exactly on / one off a block boundary, a strict prefix of a cached request, and
-preemption under a tiny pool with shared blocks; the cached run must really hit (and preempt).
+script covers: a system prompt shared across a batch, a request after the first finished, prefixes ending
+exactly on / one off a block boundary, a strict prefix of a cached request, and preemption under a tiny
+pool with shared blocks; the cached run must really hit (and preempt).
 Shape letters: V vocab, S sampled steps of a request.
 """
 
