@@ -142,6 +142,27 @@ __device__ __forceinline__ void tc_acc_to_a(uint32_t (&a)[4], const float (&lo)[
   a[3] = tc_pack<T>(hi[2], hi[3]);
 }
 
+// True (warp-uniform) when a key of the V tile Vs [BN][LD] (keys n0 …) that some valid row of the warp cannot
+// see — keys < lo_all (the window start of the warp's last row) or > hi_all (the position of its first
+// row) — holds a NaN or Inf: only then may the mma's p = 0 products leak (0·NaN). A tile every row sees
+// in full costs one comparison.
+template <typename T, int BN, int LD, int CH>
+__device__ __forceinline__ bool tc_masked_v_nonfinite(const T* Vs, int n0, int lane, int64_t lo_all, int64_t hi_all) {
+  if (n0 >= lo_all && n0 + BN - 1 <= hi_all) return false;  // warp-uniform
+  // exponent bits of a 16-bit float (all ones: Inf or NaN), in both halves of a 32-bit word
+  constexpr uint32_t kExp = std::is_same_v<T, __half> ? 0x7C00u : 0x7F80u;
+  bool bad = false;
+  for (int idx = lane; idx < BN * CH; idx += 32) {
+    const int c = idx / CH, key = n0 + c;
+    if (key >= lo_all && key <= hi_all) continue;  // seen by every row: the mma is exact for it
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(Vs + c * LD + (idx % CH) * 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      bad |= (w[i] & kExp) == kExp || ((w[i] >> 16) & kExp) == kExp;
+  }
+  return simt::any(bad);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
 paged_prefill_tc_kernel(const PrefillParams<T> p) {
@@ -293,7 +314,32 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
           o[t][2 * h + 1] *= alpha;
         }
       }
-      // O += P·V
+      // O += P·V. The mma multiplies every key of the tile into every row, p = 0 included, and 0·NaN = NaN:
+      // a NaN / Inf in the V row of a key that some of this warp's rows cannot see (diagonal and window-edge
+      // tiles) would leak into them. Such tiles (rare: non-finite V) take the exact path, which skips
+      // invisible keys per row (common.cuh, NaN rule); every other tile runs the mma.
+      if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, first_visible_key(whi, p.window), pos0 + wr0 / G)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                // P[row g + 8h][key j·8 + 2q + e] lives in lane 4g + q, accumulator s[j][2h + e]
+                const float pr = simt::shfl(s[j][2 * h + e], (lane & ~3) | q);
+                const int c = j * 8 + 2 * q + e, key = n0 + c;
+                if (key >= rlo[h] && key <= rpos[h]) {
+                  const T* vrow = Vs + c * LD + 2 * t4;
+#pragma unroll
+                  for (int t = 0; t < OT; ++t) {
+                    o[t][2 * h] += pr * simt::to_float(vrow[t * 8]);
+                    o[t][2 * h + 1] += pr * simt::to_float(vrow[t * 8 + 1]);
+                  }
+                }
+              }
+      } else {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         uint32_t a[4];
@@ -306,6 +352,7 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
           tc_mma<T>(o[2 * dp], a, b0);
           tc_mma<T>(o[2 * dp + 1], a, b1);
         }
+      }
       }
     }
     __syncthreads();  // every warp is done with this stage before iteration it+1 refills it
