@@ -7,6 +7,7 @@ Seeded; ~1,000 cases per namespace in a few seconds.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import mistral_kernels
 
@@ -58,3 +60,27 @@ def test_op_fuzz(namespace: str) -> None:
     assert len(results) + len(crashes) == len(all_cases)
     valid = [r for r in results.values() if r["case"] == "valid"]
     assert valid and all(r["verdict"] == "ok: matches the reference" for r in valid), valid
+
+
+def _placeholder(annotation: str, fill: str) -> object:
+    if "Tensor" in annotation:
+        return {"0-d": torch.zeros(()), "None": None, "int32": torch.zeros(3, dtype=torch.int32)}[fill]
+    return {"float": 1.0, "int": 2, "bool": True}.get(annotation.split(" ")[0], None)
+
+
+@pytest.mark.parametrize("fill", ["0-d", "None", "int32"])
+def test_wrappers_reject_placeholder_tensors_clearly(fill: str) -> None:
+    """The Python wrappers (mistral_kernels.ops) with every tensor argument 0-d, None or an int32 vector:
+    a TypeError / ValueError / RuntimeError naming the op, never an IndexError or AttributeError of the wrapper."""
+    from mistral_kernels import ops
+
+    wrappers = [*ops.bind("mistral_kernels"), "linear"]
+    for name in wrappers:
+        fn = getattr(ops, name)
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+        args = [_placeholder(str(p.annotation), fill) for p in params]
+        with pytest.raises((TypeError, ValueError, RuntimeError)) as info:
+            fn(*args)
+        assert name in str(info.value) or (name == "linear" and "skinny_linear" in str(info.value)), \
+            f"{name}({fill}): {info.value}"
