@@ -341,18 +341,18 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
               }
       } else {
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[4];
-        tc_acc_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t a[4];
+          tc_acc_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-        for (int dp = 0; dp < OT / 2; ++dp) {
-          uint32_t bv[4];
-          simt::ldmatrix_x4_trans(bv, tc_b_kn_row(Vs + kk * 16 * LD + dp * 16, LD, lane));
-          const uint32_t b0[2] = {bv[0], bv[1]}, b1[2] = {bv[2], bv[3]};
-          tc_mma<T>(o[2 * dp], a, b0);
-          tc_mma<T>(o[2 * dp + 1], a, b1);
+          for (int dp = 0; dp < OT / 2; ++dp) {
+            uint32_t bv[4];
+            simt::ldmatrix_x4_trans(bv, tc_b_kn_row(Vs + kk * 16 * LD + dp * 16, LD, lane));
+            const uint32_t b0[2] = {bv[0], bv[1]}, b1[2] = {bv[2], bv[3]};
+            tc_mma<T>(o[2 * dp], a, b0);
+            tc_mma<T>(o[2 * dp + 1], a, b1);
+          }
         }
-      }
       }
     }
     __syncthreads();  // every warp is done with this stage before iteration it+1 refills it
