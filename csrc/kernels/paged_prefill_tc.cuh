@@ -56,9 +56,11 @@
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
 //     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
-// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 145,
-// 80 137, 96 153, 128 166, 256 232 registers, 0 spills (sm_90: 151, 142, 155, 167, 242); checked by
-// tests/test_nvcc_ptxas.py.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 151,
+// 80 148, 96 158, 128 168, 256 246 registers, 0 spills (sm_90: 151, 148, 158, 168, 245; the exact P·V path
+// for non-finite V in masked keys added ~2-14); checked by tests/test_nvcc_ptxas.py.
+// NaN / Inf: masks are selects on S; P·V skips keys a row cannot see whenever a masked key of the tile
+// holds a non-finite V (tc_masked_v_nonfinite), so nothing leaks through 0·NaN (common.cuh, NaN rule).
 //
 // Fallback rule (paged_prefill_tc_supported): fp16 / bf16, D in MK_HEAD_DIMS (common.cuh; any multiple of
 // 16 ≤ 256 tiles, these are the instantiated ones), out 16-byte aligned. Everything else — fp32 above
@@ -319,26 +321,27 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
       // tiles) would leak into them. Such tiles (rare: non-finite V) take the exact path, which skips
       // invisible keys per row (common.cuh, NaN rule); every other tile runs the mma.
       if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, first_visible_key(whi, p.window), pos0 + wr0 / G)) {
+        // One key per iteration; the key loop inside an 8-key column tile is not unrolled, so this path does
+        // not raise the register budget of the mma path.
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll 1
+          for (int cc = 0; cc < 8; ++cc) {
+            const int c = j * 8 + cc, key = n0 + c;
+            const T* vrow = Vs + c * LD + 2 * t4;
 #pragma unroll
-          for (int j = 0; j < NT; ++j)
+            for (int h = 0; h < 2; ++h) {
+              // P[row g + 8h][c] is s[j][2h + c%2] of lane 4g + cc/2
+              const float pv = simt::shfl((cc & 1) ? s[j][2 * h + 1] : s[j][2 * h], (lane & ~3) | (cc >> 1));
+              if (key < rlo[h] || key > rpos[h]) continue;  // invisible to this row: never multiplied
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                // P[row g + 8h][key j·8 + 2q + e] lives in lane 4g + q, accumulator s[j][2h + e]
-                const float pr = simt::shfl(s[j][2 * h + e], (lane & ~3) | q);
-                const int c = j * 8 + 2 * q + e, key = n0 + c;
-                if (key >= rlo[h] && key <= rpos[h]) {
-                  const T* vrow = Vs + c * LD + 2 * t4;
-#pragma unroll
-                  for (int t = 0; t < OT; ++t) {
-                    o[t][2 * h] += pr * simt::to_float(vrow[t * 8]);
-                    o[t][2 * h + 1] += pr * simt::to_float(vrow[t * 8 + 1]);
-                  }
-                }
+              for (int t = 0; t < OT; ++t) {
+                o[t][2 * h] += pv * simt::to_float(vrow[t * 8]);
+                o[t][2 * h + 1] += pv * simt::to_float(vrow[t * 8 + 1]);
               }
+            }
+          }
+        }
       } else {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
