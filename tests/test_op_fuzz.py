@@ -84,3 +84,59 @@ def test_wrappers_reject_placeholder_tensors_clearly(fill: str) -> None:
             fn(*args)
         assert name in str(info.value) or (name == "linear" and "skinny_linear" in str(info.value)), \
             f"{name}({fill}): {info.value}"
+
+
+# ---- explicit regressions of issue 22 (the fuzz above finds them too; these name them) ------------------
+
+
+def test_decode_rejects_q_rows_other_than_b(backend_one_schedule) -> None:
+    ops = backend_one_schedule.ops
+    kc = vc = torch.zeros(2, 4, 1, 64)
+    tables, lens = torch.zeros(3, 1, dtype=torch.int32), torch.ones(3, dtype=torch.int32)
+    for rows in (1, 4):  # fewer rows: reads past q and writes past out before the fix; more: garbage rows
+        with pytest.raises(RuntimeError, match=r"paged_decode_attention: q.shape\[0\] must be 3"):
+            ops.paged_decode_attention(torch.zeros(rows, 2, 64), kc, vc, tables, lens, 0.1)
+
+
+def test_decode_partition_count_error_names_partition_size(backend_one_schedule) -> None:
+    ops = backend_one_schedule.ops
+    kc = vc = torch.zeros(1, 16, 1, 64)
+    tables = torch.zeros(1, 4097, dtype=torch.int32)  # capacity 65,552 keys
+    lens = torch.ones(1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="partition_size=1 splits the 65552 keys .* pass partition_size >= 2"):
+        ops.paged_decode_attention(torch.zeros(1, 1, 64), kc, vc, tables, lens, 0.1, partition_size=1)
+    out = ops.paged_decode_attention(torch.ones(1, 1, 64), kc, vc, tables, lens, 0.1, partition_size=2)
+    assert torch.equal(out, torch.zeros_like(out))  # one visible key with V = 0
+
+
+def test_rope_rejects_k_aliasing_q_but_accepts_fused_qkv_views(backend_one_schedule) -> None:
+    from mistral_kernels import reference as ref
+
+    ops = backend_one_schedule.ops
+    cache = ref.rope_cos_sin_cache(8, 8, 1e4)
+    pos = torch.arange(3)
+    q = torch.randn(3, 2, 8)
+    with pytest.raises(RuntimeError, match="rotary_embedding: q .* shares memory with k"):
+        ops.rotary_embedding(pos, q, q[:, :1], cache, True)
+    with pytest.raises(RuntimeError, match="rotary_embedding: q is written by this op but its elements overlap"):
+        ops.rotary_embedding(pos, q[:1].expand(3, 2, 8), torch.randn(3, 1, 8), cache, True)
+    qkv = torch.randn(3, 4 * 8)  # q: 2 heads, k: 1 head, v: 1 head of one fused buffer
+    q_view, k_view = qkv[:, :16].view(3, 2, 8), qkv[:, 16:24].view(3, 1, 8)
+    q_ref, k_ref = q_view.clone(), k_view.clone()
+    ref.rotary_embedding(pos, q_ref, k_ref, cache, True)
+    ops.rotary_embedding(pos, q_view, k_view, cache, True)
+    torch.testing.assert_close(q_view, q_ref)
+    torch.testing.assert_close(k_view, k_ref)
+
+
+def test_rms_norm_out_may_be_x(backend_one_schedule) -> None:
+    from mistral_kernels import reference as ref
+
+    ops = backend_one_schedule.ops
+    x, w = torch.randn(3, 16), torch.randn(16)
+    expected = ref.rms_norm(x, w)
+    assert ops.rms_norm(x, w, out=x) is x
+    torch.testing.assert_close(x, expected)
+    with pytest.raises(RuntimeError, match="silu_and_mul: out is written by this op but shares memory with x"):
+        buf = torch.randn(48)  # out (contiguous) overlaps the middle of x: the partial overlap of issue 22
+        ops.silu_and_mul(buf.view(3, 16), out=buf[8:32].view(3, 8))
