@@ -9,8 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-PY="$PWD/$VENV/bin/python"
-export PATH="$PWD/$VENV/bin:$PATH"  # its cmake (>= 3.26) and ninja
+case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac
+PY="$VENV/bin/python"
+export PATH="$VENV/bin:$PATH"  # its cmake (>= 3.26) and ninja
 
 cmake -S . -B build/asan -G Ninja -DPython_EXECUTABLE="$PY" -DMK_CUDA=OFF -DMK_SANITIZE=ON \
   -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" >/dev/null
