@@ -118,10 +118,14 @@ def test_rope_rejects_k_aliasing_q_but_accepts_fused_qkv_views(backend_one_sched
     q = torch.randn(3, 2, 8)
     with pytest.raises(RuntimeError, match="rotary_embedding: q .* shares memory with k"):
         ops.rotary_embedding(pos, q, q[:, :1], cache, True)
+    with pytest.raises(RuntimeError, match="rotary_embedding: q .* shares memory with k"):
+        ops.rotary_embedding(pos, q, q.view(6, 8)[1:4].view(3, 1, 8), cache, True)  # k straddles q's rows
     with pytest.raises(RuntimeError, match="rotary_embedding: q is written by this op but its elements overlap"):
         ops.rotary_embedding(pos, q[:1].expand(3, 2, 8), torch.randn(3, 1, 8), cache, True)
-    qkv = torch.randn(3, 4 * 8)  # q: 2 heads, k: 1 head, v: 1 head of one fused buffer
-    q_view, k_view = qkv[:, :16].view(3, 2, 8), qkv[:, 16:24].view(3, 1, 8)
+    qkv = torch.randn(3, 6 * 8)  # q: 4 heads, k: 1 head, v: 1 head of one fused buffer (Hq > 2·Hkv, as Mixtral)
+    q_view, k_view = qkv[:, :32].view(3, 4, 8), qkv[:, 32:40].view(3, 1, 8)
+    with pytest.raises(RuntimeError, match="rotary_embedding: q .* shares memory with k"):
+        ops.rotary_embedding(pos, q_view, qkv[:, 24:32].view(3, 1, 8), cache, True)  # k = q's last head
     q_ref, k_ref = q_view.clone(), k_view.clone()
     ref.rotary_embedding(pos, q_ref, k_ref, cache, True)
     ops.rotary_embedding(pos, q_view, k_view, cache, True)

@@ -112,13 +112,14 @@ inline bool spans_overlap(const RowSpan& a, const RowSpan& b) {
   if (a.base >= b.base + b.span() || b.base >= a.base + a.span()) return false;  // disjoint byte ranges
   const int64_t s = a.stride;
   if (a.rows == 1 || b.rows == 1 || s != b.stride || s < a.len || s < b.len) return true;  // conservative
-  // Row i of a vs row j of b: they meet iff -b.len < d + (i - j)·s < a.len with d = a.base - b.base.
+  // Row i of a, [a.base + i·s, +a.len), meets row j of b, [b.base + j·s, +b.len), iff
+  // -a.len < d + (i - j)·s < b.len with d = a.base - b.base.
   const int64_t d = static_cast<int64_t>(a.base - b.base);
   const int64_t k0 = -d / s;  // the row offsets k = i - j nearest to -d/s
   for (int64_t k = k0 - 1; k <= k0 + 1; ++k) {
     if (k < -(b.rows - 1) || k > a.rows - 1) continue;
     const int64_t off = d + k * s;
-    if (off > -b.len && off < a.len) return true;
+    if (off > -a.len && off < b.len) return true;
   }
   return false;
 }
