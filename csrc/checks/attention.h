@@ -78,6 +78,8 @@ inline void reshape_and_cache_args(const char* op, const at::Tensor& k, const at
   dense_inner(op, "k", k, 2);
   dense_inner(op, "v", v, 2);
   contiguous(op, "slot_mapping", slot_mapping);
+  no_overlap(op, "k_cache", k_cache, {{"v_cache", &v_cache}, {"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
+  no_overlap(op, "v_cache", v_cache, {{"k", &k}, {"v", &v}, {"slot_mapping", &slot_mapping}});
   const int64_t slots = k_cache.size(0) * k_cache.size(1);
   if (slot_mapping.device().is_cpu()) {
     const int64_t* s = slot_mapping.const_data_ptr<int64_t>();
@@ -119,6 +121,35 @@ inline void attention_common_args(const char* op, const at::Tensor& out, const a
   contiguous(op, "out", out);
   contiguous(op, "block_tables", block_tables);
   contiguous(op, "seq_lens", seq_lens);
+  no_overlap(op, "out", out,
+             {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"block_tables", &block_tables},
+              {"seq_lens", &seq_lens}});
+}
+
+// The CUDA grid's z dimension holds the split-K partitions (paged_decode.cuh).
+inline constexpr int64_t kMaxDecodePartitions = 65535;
+
+// Decode only: one query row per sequence, and a partition_size whose partition count fits the grid on every
+// backend (the CPU has no such limit, but a call must not succeed on one backend and fail on another).
+inline void decode_shape_args(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                              const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t sliding_window,
+                              int64_t partition_size) {
+  size_eq(op, "q", q, 0, seq_lens.size(0), "B = seq_lens.shape[0], one query per sequence");
+  TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
+  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
+  const int64_t w = effective_window(sliding_window, capacity), range = w > 0 ? w : capacity;
+  if (partition_size > 0) {
+    const int64_t parts = (range + partition_size - 1) / partition_size;
+    TORCH_CHECK(parts <= kMaxDecodePartitions, op, ": partition_size=", partition_size, " splits the ", range,
+                " keys a query can see (block_tables capacity or sliding_window) into ", parts,
+                " partitions, more than the ", kMaxDecodePartitions, " allowed; pass partition_size >= ",
+                (range + kMaxDecodePartitions - 1) / kMaxDecodePartitions, " or 0 (automatic)");
+  }
+}
+
+// The automatic partition size: `preferred` keys, raised when the capacity would need too many partitions.
+inline int64_t auto_partition_size(int64_t preferred, int64_t capacity) {
+  return std::max(preferred, (capacity + kMaxDecodePartitions - 1) / kMaxDecodePartitions);
 }
 
 // CPU index tensors only: every seq_lens[b] in [0, M*S] and the block ids of the blocks the kernels
@@ -172,6 +203,10 @@ inline void prefill_shape_args(const char* op, const at::Tensor& q, const at::Te
   ndim(op, "cu_seqlens_q", cu_seqlens_q, 1, "[B+1]");
   size_eq(op, "cu_seqlens_q", cu_seqlens_q, 0, seq_lens.size(0) + 1, "B+1 = seq_lens.shape[0]+1");
   contiguous(op, "cu_seqlens_q", cu_seqlens_q);
+}
+
+inline void prefill_out_args(const char* op, const at::Tensor& out, const at::Tensor& cu_seqlens_q) {
+  no_overlap(op, "out", out, {{"cu_seqlens_q", &cu_seqlens_q}});
 }
 
 }  // namespace mk::inline MK_ABI::check

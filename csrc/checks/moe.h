@@ -15,8 +15,12 @@ namespace mk::inline MK_ABI::check {
 // k is held one-per-lane by the CUDA router (one warp per token): every backend accepts 1 ≤ k ≤ min(E, 32).
 inline constexpr int64_t kMaxTopK = 32;
 
+// The most experts any backend accepts (the CUDA router and permute scan keep E values in shared memory;
+// the CPU shares the bound, so a call never succeeds on one backend and fails on another).
+inline constexpr int64_t kMaxExperts = 4096;
+
 inline void topk_range(const char* op, int64_t k, int64_t E) {
-  TORCH_CHECK(E >= 1, op, ": the number of experts E must be >= 1, got ", E);
+  TORCH_CHECK(E >= 1 && E <= kMaxExperts, op, ": the number of experts E must be in [1, ", kMaxExperts, "], got ", E);
   TORCH_CHECK(k >= 1 && k <= E && k <= kMaxTopK, op, ": top-k must satisfy 1 <= k <= min(E, ", kMaxTopK,
               ") with E = ", E, " experts, got k = ", k);
 }
@@ -40,6 +44,8 @@ inline void topk_softmax_args(const char* op, const at::Tensor& weights, const a
   contiguous(op, "gating_logits", logits);
   contiguous(op, "topk_weights", weights);
   contiguous(op, "topk_ids", ids);
+  no_overlap(op, "topk_weights", weights, {{"topk_ids", &ids}, {"gating_logits", &logits}});
+  no_overlap(op, "topk_ids", ids, {{"gating_logits", &logits}});
 }
 
 // permuted_x [T·k, H], expert_offsets int64 [E+1], inv_perm int32 [T, k]  ←  x [T, H], topk_ids int32 [T, k]
@@ -72,6 +78,10 @@ inline void moe_permute_args(const char* op, const at::Tensor& permuted_x, const
   contiguous(op, "permuted_x", permuted_x);
   contiguous(op, "expert_offsets", offsets);
   contiguous(op, "inv_perm", inv_perm);
+  no_overlap(op, "permuted_x", permuted_x, {{"expert_offsets", &offsets}, {"inv_perm", &inv_perm}, {"x", &x},
+                                            {"topk_ids", &ids}});
+  no_overlap(op, "expert_offsets", offsets, {{"inv_perm", &inv_perm}, {"x", &x}, {"topk_ids", &ids}});
+  no_overlap(op, "inv_perm", inv_perm, {{"x", &x}, {"topk_ids", &ids}});
 }
 
 // out [T, H]  ←  expert_out [M, H], topk_weights fp32 [T, k], inv_perm int32 [T, k] (values in [0, M))
@@ -97,6 +107,7 @@ inline void moe_unpermute_args(const char* op, const at::Tensor& out, const at::
   contiguous(op, "topk_weights", weights);
   contiguous(op, "inv_perm", inv_perm);
   contiguous(op, "out", out);
+  no_overlap(op, "out", out, {{"expert_out", &expert_out}, {"topk_weights", &weights}, {"inv_perm", &inv_perm}});
 }
 
 // Stacked SwiGLU expert weights w1, w3 [E, I, H] and w2 [E, H, I] for activations x [rows, H] named `x_name`:
@@ -141,6 +152,7 @@ inline void fused_moe_args(const char* op, const at::Tensor& out, const at::Tens
   topk_range(op, top_k, E);
   TORCH_CHECK(x.size(0) * top_k <= INT32_MAX, op, ": T*top_k = ", x.size(0) * top_k,
               " rows exceed the int32 range of the permutation");
+  no_overlap(op, "out", out, {{"x", &x}, {"gate_weight", &gate}, {"w1", &w1}, {"w2", &w2}, {"w3", &w3}});
 }
 
 // permuted_x [M, H] rows grouped by expert; expert_offsets int64 [>= G+1] (segment e = rows
@@ -166,6 +178,7 @@ inline void expert_ffn_args(const char* op, const at::Tensor& out, const at::Ten
   TORCH_CHECK(out.sizes() == x.sizes(), op, ": out must have the shape of permuted_x ", shape_str(x), ", got ",
               shape_str(out));
   TORCH_CHECK(x.size(0) <= INT32_MAX, op, ": permuted_x has more than INT32_MAX rows");
+  no_overlap(op, "out", out, {{"permuted_x", &x}, {"expert_offsets", &offsets}, {"w1", &w1}, {"w2", &w2}, {"w3", &w3}});
   if (offsets.device().is_cpu()) {  // segment bounds: 0 <= offsets[0] <= ... <= offsets[G] <= M
     const int64_t* o = offsets.const_data_ptr<int64_t>();
     for (int64_t e = 0; e <= G; ++e)

@@ -10,9 +10,11 @@
 namespace mk::inline MK_ABI::check {
 
 // out [..., H], x [..., H], weight [H]; all contiguous, same dtype/device.
-// `out_name` is "out" for rms_norm and "residual" for fused_add_rms_norm.
+// `out_name` is "out" for rms_norm and "residual" for fused_add_rms_norm (which writes x and residual).
+// rms_norm's out may be x itself (elementwise per row: README "Ops", allowed aliasing); no other overlap.
 inline void rms_norm_args(const char* op, const char* out_name, const at::Tensor& out, const at::Tensor& x,
-                          const at::Tensor& weight, std::initializer_list<at::ScalarType> dtypes) {
+                          const at::Tensor& weight, std::initializer_list<at::ScalarType> dtypes,
+                          bool out_may_be_x) {
   dtype_in(op, "x", x, dtypes);
   same_dtype(op, "weight", weight, "x", x);
   same_dtype(op, out_name, out, "x", x);
@@ -26,6 +28,10 @@ inline void rms_norm_args(const char* op, const char* out_name, const at::Tensor
   contiguous(op, "x", x);
   contiguous(op, "weight", weight);
   contiguous(op, out_name, out);
+  const bool same = out_may_be_x && out.const_data_ptr() == x.const_data_ptr();  // same shape, contiguous
+  if (!same) no_overlap(op, out_name, out, {{"x", &x}});
+  no_overlap(op, out_name, out, {{"weight", &weight}});
+  if (!out_may_be_x) no_overlap(op, "x", x, {{"weight", &weight}});  // fused_add_rms_norm writes x too
 }
 
 // x [..., 2I] → out [..., I]
@@ -43,6 +49,7 @@ inline void silu_and_mul_args(const char* op, const at::Tensor& out, const at::T
   size_eq(op, "out", out, out.dim() - 1, x.size(-1) / 2, "I = x.shape[-1] / 2");
   contiguous(op, "x", x);
   contiguous(op, "out", out);
+  no_overlap(op, "out", out, {{"x", &x}});
 }
 
 }  // namespace mk::inline MK_ABI::check

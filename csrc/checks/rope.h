@@ -35,6 +35,12 @@ inline void rotary_embedding_args(const char* op, const at::Tensor& positions, c
   dense_inner(op, "k", k, 2);
   contiguous(op, "positions", positions);
   contiguous(op, "cos_sin_cache", cos_sin);
+  // q and k are rotated in place: each must own its rows, and they must not share memory (k a view of q
+  // would be rotated twice); views of one fused QKV buffer with disjoint columns are fine.
+  no_internal_overlap(op, "q", q);
+  no_internal_overlap(op, "k", k);
+  no_overlap(op, "q", q, {{"k", &k}, {"positions", &positions}, {"cos_sin_cache", &cos_sin}});
+  no_overlap(op, "k", k, {{"positions", &positions}, {"cos_sin_cache", &cos_sin}});
 }
 
 }  // namespace mk::inline MK_ABI::check

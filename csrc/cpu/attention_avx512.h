@@ -69,10 +69,12 @@ inline __m512 row_scores(const __m512bh* q, const c10::BFloat16* k0, int64_t str
                             _mm512_set1_ps(scale));
 }
 
-// acc rows [NR][D] += Σ_c p[r][c] · v[c] over keys with live[c]; p rows have stride kp.
+// acc rows [NR][D] += Σ_c p[r][c] · v[c] over the keys c that row r sees (bit c of row_live[r]); live = the
+// union of row_live (the V rows loaded). A key row r cannot see is never multiplied into it (a masked
+// select, not p = 0: 0·NaN would leak a NaN of a key visible only to another row of the tile).
 template <int NR>
 inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const c10::BFloat16* v0, int64_t stride,
-                    uint32_t live) {
+                    uint32_t live, const uint32_t* row_live) {
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     __m512 a[NR][4];
     for (int r = 0; r < NR; ++r)
@@ -84,7 +86,8 @@ inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const c10
       for (int u = 0; u < 4; ++u) x[u] = load_bf16x16(v + 16 * u);
       for (int r = 0; r < NR; ++r) {
         const __m512 pr = _mm512_set1_ps(p[r * kp + c]);
-        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(pr, x[u], a[r][u]);
+        const __mmask16 sees = ((row_live[r] >> c) & 1u) ? 0xFFFF : 0;
+        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_mask3_fmadd_ps(pr, x[u], a[r][u], sees);
       }
     }
     for (int r = 0; r < NR; ++r)

@@ -12,7 +12,9 @@
 //      when m grows,
 //   3. converts the chunk's V rows once and accumulates p·v into every row with p ≠ 0.
 // Row r only sees keys lo[r] ≤ j < hi[r] (causal / sliding window); masked keys get p = 0 and are never
-// multiplied, so NaN/garbage in cache slots outside the visible ranges cannot reach the output.
+// multiplied, so NaN/garbage in cache slots outside the visible ranges cannot reach the output. A NaN
+// score of a visible key poisons the row's state (OnlineSoftmax, csrc/kernels/common.cuh: NaN rule), so
+// the row's output is NaN, as on the GPU; store_row's normalizer gives 0 only to rows that saw no key.
 #pragma once
 
 #include <algorithm>
@@ -200,11 +202,9 @@ void scan_keys_bf16(const Rows& rows, const PagedKV<const c10::BFloat16>& kv, in
         __m512bh q[QV];
         for (int i = 0; i < QV; ++i) q[i] = (__m512bh)_mm512_loadu_si512(rows.qb + r * D + 32 * i);
         const __m512 s = v::row_scores<QV>(q, k0, key_stride, c0, c1, rows.qscale);
-        const float cmax = _mm512_reduce_max_ps(s);
-        if (cmax == kNegInf) {
-          _mm512_storeu_ps(p, _mm512_setzero_ps());
-          continue;
-        }
+        // reduce_max's NaN handling is order-dependent: a NaN score poisons the row explicitly
+        const float cmax = _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q) ? std::numeric_limits<float>::quiet_NaN()
+                                                                  : _mm512_reduce_max_ps(s);
         OnlineSoftmax& st = rows.st[r];
         const float alpha = st.rescale(cmax, std_exp);  // 0 when nothing was seen before
         const __m512 e = v::exp16(_mm512_sub_ps(s, _mm512_set1_ps(st.shift())));
@@ -220,10 +220,10 @@ void scan_keys_bf16(const Rows& rows, const PagedKV<const c10::BFloat16>& kv, in
       float* acc = rows.acc + r0 * D;
       const float* p = P + r0 * kChunk;
       switch (nr) {
-        case 4: v::tile_pv<4>(acc, D, p, kChunk, v0, key_stride, live); break;
-        case 3: v::tile_pv<3>(acc, D, p, kChunk, v0, key_stride, live); break;
-        case 2: v::tile_pv<2>(acc, D, p, kChunk, v0, key_stride, live); break;
-        default: v::tile_pv<1>(acc, D, p, kChunk, v0, key_stride, live); break;
+        case 4: v::tile_pv<4>(acc, D, p, kChunk, v0, key_stride, live, row_live); break;
+        case 3: v::tile_pv<3>(acc, D, p, kChunk, v0, key_stride, live, row_live); break;
+        case 2: v::tile_pv<2>(acc, D, p, kChunk, v0, key_stride, live, row_live); break;
+        default: v::tile_pv<1>(acc, D, p, kChunk, v0, key_stride, live, row_live); break;
       }
     }
     j += n;
@@ -269,14 +269,14 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
       int64_t c = c0;
       for (; c + 4 <= c1; c += 4) dot4(q, kp[c], kp[c + 1], kp[c + 2], kp[c + 3], D, s + c);
       for (; c < c1; ++c) s[c] = dot(q, kp[c], D);
+      if (c0 >= c1) {  // nothing visible for this row in the chunk
+        std::fill(s, s + n, 0.f);
+        continue;
+      }
       float cmax = kNegInf;
       for (c = 0; c < n; ++c) {
         if (c < c0 || c >= c1) s[c] = kNegInf;
-        cmax = std::max(cmax, s[c]);
-      }
-      if (cmax == kNegInf) {  // nothing visible for this row in the chunk
-        std::fill(s, s + n, 0.f);
-        continue;
+        cmax = OnlineSoftmax::nan_max(cmax, s[c]);  // a NaN score poisons the row
       }
       any = true;
       OnlineSoftmax& st = rows.st[r];

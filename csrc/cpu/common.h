@@ -21,6 +21,7 @@ namespace mk::cpu {
 inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16};
 
 inline void require_cpu(const char* op, const char* arg, const at::Tensor& t) {
+  check::defined(op, arg, t);
   TORCH_CHECK(t.device().is_cpu(), op, ": ", arg, " must be a CPU tensor for the CPU kernel, got device ",
               t.device());
 }

@@ -153,6 +153,7 @@ void skinny_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
   check::contiguous(op, "x", x);
   check::contiguous(op, "weight", weight);
   check::contiguous(op, "out", out);
+  check::no_overlap(op, "out", out, {{"x", &x}, {"weight", &weight}});
   if (M == 0 || N == 0) return;
   if (K == 0) {
     out.zero_();

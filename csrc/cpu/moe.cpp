@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../checks/moe.h"
+#include "../kernels/common.cuh"
 #include "common.h"
 #include "vec_math.h"
 
@@ -52,8 +53,8 @@ void topk_softmax_rows(const T* logits, float* weights, int32_t* ids, int64_t T_
       float chosen = 0.f;
       for (int64_t j = 0; j < k; ++j) {
         int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e)
-          if (!used[e] && (best < 0 || p[e] > p[best])) best = e;  // strict '>': ties keep the lower id
+        for (int64_t e = 0; e < E; ++e)  // strict '>': ties keep the lower id; NaN ranks last (common.cuh)
+          if (!used[e] && (best < 0 || router_rank(p[e]) > router_rank(p[best]))) best = e;
         used[best] = 1;
         weights[t * k + j] = p[best];
         ids[t * k + j] = static_cast<int32_t>(best);

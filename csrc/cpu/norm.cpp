@@ -37,7 +37,7 @@ void rms_norm_rows(T* out, T* residual, const T* x, const T* w, int64_t rows, in
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   constexpr const char* op = "rms_norm";
   require_cpu(op, "x", x);
-  check::rms_norm_args(op, "out", out, x, weight, kFloatTypes);
+  check::rms_norm_args(op, "out", out, x, weight, kFloatTypes, true);
   const int64_t H = x.size(-1), rows = H == 0 ? 0 : x.numel() / H;
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
     rms_norm_rows<scalar_t, false>(out.data_ptr<scalar_t>(), nullptr, x.const_data_ptr<scalar_t>(),
@@ -48,7 +48,7 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   constexpr const char* op = "fused_add_rms_norm";
   require_cpu(op, "x", x);
-  check::rms_norm_args(op, "residual", residual, x, weight, kFloatTypes);
+  check::rms_norm_args(op, "residual", residual, x, weight, kFloatTypes, false);
   const int64_t H = x.size(-1), rows = H == 0 ? 0 : x.numel() / H;
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
     rms_norm_rows<scalar_t, true>(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),

@@ -144,7 +144,7 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
       const int64_t b = it / g.Hq, h = it % g.Hq, kvh = h / g.G, r = h % g.G;
       auto idx = [&](int64_t p) { return ((b * g.Hkv + kvh) * P + p) * g.G + r; };
       float mx = attn::kNegInf;
-      for (int64_t p = 0; p < P; ++p) mx = std::max(mx, ws_st[idx(p)].m);
+      for (int64_t p = 0; p < P; ++p) mx = OnlineSoftmax::nan_max(mx, ws_st[idx(p)].m);
       std::fill(acc.begin(), acc.end(), 0.f);
       float l = 0.f;
       for (int64_t p = 0; p < P; ++p) {
@@ -218,7 +218,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tens
   constexpr const char* op = "paged_decode_attention";
   require_cpu(op, "q", q);
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, kFloatTypes, false);
-  TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
+  check::decode_shape_args(op, q, k_cache, block_tables, seq_lens, sliding_window, partition_size);
   check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window);
   if (out.numel() == 0) return;
   const int64_t part = partition_size > 0 ? partition_size : kAutoPartition;
@@ -236,6 +236,7 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Ten
   require_cpu(op, "q", q);
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, kFloatTypes, false);
   check::prefill_shape_args(op, q, cu_seqlens_q, seq_lens);
+  check::prefill_out_args(op, out, cu_seqlens_q);
   check::cu_seqlens_cpu(op, cu_seqlens_q, seq_lens, q.size(0));
   check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window, cu_seqlens_q);
   if (out.numel() == 0) return;

@@ -15,6 +15,7 @@ inline constexpr const char* kName = "cuda";
 inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kHalf, at::kBFloat16};
 
 inline void require_device(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", arg, " is undefined (None); pass a tensor");
   TORCH_CHECK(t.is_cuda(), op, ": ", arg, " must be a CUDA tensor, got device ", t.device());
 }
 

@@ -17,6 +17,7 @@ inline constexpr const char* kName = "emulated CUDA";
 inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kHalf, at::kBFloat16};
 
 inline void require_device(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": ", arg, " is undefined (None); pass a tensor");
   TORCH_CHECK(t.device().is_cpu(), op, ": ", arg, " must be a CPU tensor for the emulated CUDA kernels, got device ",
               t.device());
 }

@@ -53,12 +53,13 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
   backend::require_device(op, "q", q);
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, backend::kFloatTypes,
                                true);
-  TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
+  check::decode_shape_args(op, q, k_cache, block_tables, seq_lens, sliding_window, partition_size);
   check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window);  // emulated (CPU) index tensors
   if (out.numel() == 0) return;
   const int64_t B = seq_lens.size(0);
-  const int64_t part = partition_size > 0 ? partition_size : kDecodeAutoPartition;
   const int64_t capacity = block_tables.size(1) * k_cache.size(1);
+  const int64_t part = std::min(partition_size > 0 ? partition_size : check::auto_partition_size(kDecodeAutoPartition, capacity),
+                                std::max<int64_t>(capacity, 1));  // ≥ capacity: one partition (and fits an int)
   const int64_t P = decode_num_partitions(capacity, sliding_window, part);
   const int64_t Hq = q.size(1), D = q.size(2);
   at::Tensor part_out, part_ml;
@@ -97,6 +98,7 @@ inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const 
   check::attention_common_args(op, out, q, k_cache, v_cache, block_tables, seq_lens, scale, backend::kFloatTypes,
                                true);
   check::prefill_shape_args(op, q, cu_seqlens_q, seq_lens);
+  check::prefill_out_args(op, out, cu_seqlens_q);
   check::cu_seqlens_cpu(op, cu_seqlens_q, seq_lens, q.size(0));  // emulated (CPU) index tensors
   check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window, cu_seqlens_q);
   if (out.numel() == 0) return;

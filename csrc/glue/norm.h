@@ -13,7 +13,7 @@ namespace mk::inline MK_ABI::glue {
 inline void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   constexpr const char* op = "rms_norm";
   backend::require_device(op, "x", x);
-  check::rms_norm_args(op, "out", out, x, weight, backend::kFloatTypes);
+  check::rms_norm_args(op, "out", out, x, weight, backend::kFloatTypes, true);
   backend::Context ctx(x);
   const int64_t H = x.size(-1), rows = H == 0 ? 0 : x.numel() / H;
   MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
@@ -28,7 +28,7 @@ inline void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
 inline void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   constexpr const char* op = "fused_add_rms_norm";
   backend::require_device(op, "x", x);
-  check::rms_norm_args(op, "residual", residual, x, weight, backend::kFloatTypes);
+  check::rms_norm_args(op, "residual", residual, x, weight, backend::kFloatTypes, false);
   backend::Context ctx(x);
   const int64_t H = x.size(-1), rows = H == 0 ? 0 : x.numel() / H;
   MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {

@@ -6,6 +6,7 @@
 //   first_visible_key, effective_window       the causal + sliding-window rule of attention
 //   PagedKV, PagedCache                       where key j of a sequence lives in the paged K/V cache
 //   OnlineSoftmax                             running max / sum of the flash-attention softmax: update, merge
+//   router_rank, router_weight                the top-k router's selection order (NaN ranks last)
 //   MK_HEAD_DIMS, head_dim_supported,         the head dims the attention kernels are instantiated for
 //   with_head_dim
 //
@@ -112,6 +113,11 @@ struct PagedCache {
 //   merge of states (m_i, l_i, acc_i) over disjoint keys: mx = max m_i, w_i = weight(m_i, mx, exp),
 //     l = Σ w_i·l_i, acc = Σ w_i·acc_i          (merge() does it for two states)
 //   result: acc · normalizer(l)                (0 for a row that saw no key)
+// NaN (docs/design.md §3, README "NaN and Inf"): a NaN score of a VISIBLE key poisons the row — m becomes NaN
+// (nan_max), so every later alpha / p / weight is NaN, l ends NaN and normalizer(NaN) = NaN: the output row is
+// NaN on every backend. A NaN in a visible V row reaches its output columns through p·v. Keys a row cannot
+// see never enter: the kernels mask scores by selection (never arithmetic) and never multiply an invisible
+// key's V row (not even by p = 0: 0·NaN = NaN). Only "no visible key" (l == 0) gives 0.
 // Worked example: block {1, 3}: rescale(3) → m 3, alpha = exp(-inf) = 0; p = e^-2, e^0; add → l = 1.135.
 // Block {2}: rescale(2) keeps m 3, alpha 1; p = e^-1; add → l = 1.503. Merged with a state (m 5, l 1):
 // mx 5, weights e^-2 (this) and 1 → l = 1.503·e^-2 + 1 = 1.203, m 5.
@@ -124,11 +130,15 @@ struct OnlineSoftmax {
   MK_HD static float shift_of(float m) { return m == -INFINITY ? 0.f : m; }
   MK_HD float shift() const { return shift_of(m); }
 
-  // Update, step 1: raises m to include a block whose max score is block_max (-inf: fully masked);
-  // returns alpha = exp(m_old - m_new), the factor for l (step 2) and for the caller's accumulator.
+  // max(a, b) that propagates NaN (fmaxf / std::max drop it): a NaN score marks the state as poisoned.
+  MK_HD static float nan_max(float a, float b) { return a != a ? a : (b != b ? b : fmaxf(a, b)); }
+
+  // Update, step 1: raises m to include a block whose max score is block_max (-inf: fully masked; NaN:
+  // poisons the state); returns alpha = exp(m_old - m_new), the factor for l (step 2) and for the caller's
+  // accumulator.
   template <typename Exp>
   MK_HD float rescale(float block_max, Exp exp) {
-    const float m_new = fmaxf(m, block_max);
+    const float m_new = nan_max(m, block_max);
     const float alpha = exp(m - shift_of(m_new));  // 0 on the first visible block (m = -inf)
     m = m_new;
     return alpha;
@@ -137,7 +147,7 @@ struct OnlineSoftmax {
   MK_HD void add(float alpha, float p_sum) { l = l * alpha + p_sum; }
 
   // Weight of a state with max m_i in a merge at the common max mx: exp(m_i - mx), 0 for a state that
-  // saw no key (m_i = -inf).
+  // saw no key (m_i = -inf), NaN when either is NaN.
   template <typename Exp>
   MK_HD static float weight(float m_i, float mx, Exp exp) {
     return m_i == -INFINITY ? 0.f : exp(m_i - mx);
@@ -150,16 +160,26 @@ struct OnlineSoftmax {
   // acc·self + acc_o·other.
   template <typename Exp>
   MK_HD Weights merge(float m_o, float l_o, Exp exp) {
-    const float mx = fmaxf(m, m_o);
+    const float mx = nan_max(m, m_o);
     const Weights w{weight(m, mx, exp), weight(m_o, mx, exp)};
     l = l * w.self + l_o * w.other;
     m = mx;
     return w;
   }
 
-  // 1 / l, or 0 for a row that saw no key (l = 0): its output is 0.
-  MK_HD static float normalizer(float l) { return l > 0.f ? 1.f / l : 0.f; }
+  // 1 / l, or 0 for a row that saw no key (l = 0): its output is 0. A NaN l (poisoned row) gives NaN: the
+  // one place where "no visible key" and "NaN" are told apart, for every backend (CPU core included).
+  MK_HD static float normalizer(float l) { return l == 0.f ? 0.f : 1.f / l; }
 };
+
+// ---- top-k router -------------------------------------------------------------------------------------
+// Selection order of the top-k router (moe_router.cuh and the CPU router): larger probability first, ties →
+// lower expert id, and a NaN probability (from NaN / Inf logits) ranks below every number, so k distinct
+// experts are always chosen (all-NaN rows: ids 0 … k-1, weights NaN). router_rank(p) is the comparison key
+// (-0.5 for NaN: still above the kernels' sentinels -1 "already chosen" and -2 "no such expert");
+// router_weight turns a winning key back into the probability reported.
+MK_HD float router_rank(float p) { return p != p ? -0.5f : p; }
+MK_HD float router_weight(float key) { return key == -0.5f ? NAN : key; }
 
 // ---- head dims -----------------------------------------------------------------------------------------
 // The head dims the CUDA attention kernels (decode, prefill, tensor-core prefill) are instantiated for:

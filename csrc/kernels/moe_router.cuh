@@ -9,6 +9,8 @@
 // softmax in fp32 (max, exp, sum by warp butterflies), then k rounds of a warp argmax on (p, id) with
 // ties → lower id; the winner's owner excludes it (p = -1 < any probability). Round j's winner is kept
 // by lane j, which writes weight j (divided by the sum of the k winners when renormalising).
+// The probabilities are held as router_rank keys (common.cuh: NaN ranks below every number), so NaN / Inf
+// logits still give k distinct experts, the same ones as the CPU router.
 // Bound: memory, T·E·sizeof(T) bytes read — negligible next to the expert GEMMs.
 #pragma once
 
@@ -61,9 +63,9 @@ topk_softmax_kernel(float* __restrict__ weights, int32_t* __restrict__ ids, cons
   }
   const float inv_s = 1.f / simt::warp_sum(s);
   if constexpr (FAST) {
-    reg = lane < E ? reg * inv_s : -2.f;  // lanes without an expert never win
+    reg = lane < E ? router_rank(reg * inv_s) : -2.f;  // lanes without an expert never win
   } else {
-    for (int e = lane; e < E; e += 32) p[e] *= inv_s;
+    for (int e = lane; e < E; e += 32) p[e] = router_rank(p[e] * inv_s);
   }
 
   float mine = 0.f, chosen = 0.f;
@@ -83,14 +85,15 @@ topk_softmax_kernel(float* __restrict__ weights, int32_t* __restrict__ ids, cons
       const int oi = simt::shfl_xor(bi, off);
       if (router_better(ov, oi, bv, bi)) bv = ov, bi = oi;
     }
-    // Lane 0's answer is everyone's (keeps the lanes consistent even for NaN logits).
+    // Lane 0's answer is everyone's (keys are never NaN, so every lane agrees anyway).
     bv = simt::shfl(bv, 0);
     bi = simt::shfl(bi, 0);
-    if (bi < 0 || bi >= E) bi = 0;  // only reachable with NaN logits: stay in range
+    if (bi < 0 || bi >= E) bi = 0;  // unreachable (k <= E: an unchosen expert always ranks above -1)
     if ((bi & 31) == lane) {
       if constexpr (FAST) reg = -1.f;
       else p[bi] = -1.f;
     }
+    bv = router_weight(bv);
     if (lane == j) mine = bv, mine_id = bi;
     chosen += bv;
   }

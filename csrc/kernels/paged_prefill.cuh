@@ -177,10 +177,14 @@ paged_prefill_kernel(const PrefillParams<T> p) {
       }
     }
     __syncwarp();  // P rows are written by the 4 lanes of each row, read by all of them
-    // O += P·V for this lane's rows and columns.
+    // O += P·V for this lane's rows and columns, over the keys [c_lo, c_hi) of the tile the row sees only:
+    // an invisible key's V row is never multiplied (p = 0 would not do: 0·NaN = NaN, common.cuh).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float* pr = Pw + ((lane >> 2) + 8 * h) * BN;
+      const int64_t lo = rlo[h] - n0, hi = rpos[h] - n0 + 1;  // padding rows (rpos -1): hi ≤ 0
+      const int c_lo = lo < 0 ? 0 : (lo > BN ? BN : static_cast<int>(lo));
+      const int c_hi = hi < 0 ? 0 : (hi > BN ? BN : static_cast<int>(hi));
 #pragma unroll
       for (int t = 0; t < OT; ++t)
 #pragma unroll
@@ -188,7 +192,7 @@ paged_prefill_kernel(const PrefillParams<T> p) {
           const int col = t * 8 + cb + e;
           float acc = 0.f;
 #pragma unroll 8
-          for (int c = 0; c < BN; ++c) acc += pr[c] * simt::to_float(Vs[c * D + col]);
+          for (int c = c_lo; c < c_hi; ++c) acc += pr[c] * simt::to_float(Vs[c * D + col]);
           o[h][t][e] += acc;
         }
     }

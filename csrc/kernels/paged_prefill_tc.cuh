@@ -56,9 +56,11 @@
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
 //     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
-// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 145,
-// 80 137, 96 153, 128 166, 256 232 registers, 0 spills (sm_90: 151, 142, 155, 167, 242); checked by
-// tests/test_nvcc_ptxas.py.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 151,
+// 80 148, 96 158, 128 168, 256 246 registers, 0 spills (sm_90: 151, 148, 158, 168, 245; the exact P·V path
+// for non-finite V in masked keys added ~2-14); checked by tests/test_nvcc_ptxas.py.
+// NaN / Inf: masks are selects on S; P·V skips keys a row cannot see whenever a masked key of the tile
+// holds a non-finite V (tc_masked_v_nonfinite), so nothing leaks through 0·NaN (common.cuh, NaN rule).
 //
 // Fallback rule (paged_prefill_tc_supported): fp16 / bf16, D in MK_HEAD_DIMS (common.cuh; any multiple of
 // 16 ≤ 256 tiles, these are the instantiated ones), out 16-byte aligned. Everything else — fp32 above
@@ -140,6 +142,27 @@ __device__ __forceinline__ void tc_acc_to_a(uint32_t (&a)[4], const float (&lo)[
   a[1] = tc_pack<T>(lo[2], lo[3]);
   a[2] = tc_pack<T>(hi[0], hi[1]);
   a[3] = tc_pack<T>(hi[2], hi[3]);
+}
+
+// True (warp-uniform) when a key of the V tile Vs [BN][LD] (keys n0 …) that some valid row of the warp cannot
+// see — keys < lo_all (the window start of the warp's last row) or > hi_all (the position of its first
+// row) — holds a NaN or Inf: only then may the mma's p = 0 products leak (0·NaN). A tile every row sees
+// in full costs one comparison.
+template <typename T, int BN, int LD, int CH>
+__device__ __forceinline__ bool tc_masked_v_nonfinite(const T* Vs, int n0, int lane, int64_t lo_all, int64_t hi_all) {
+  if (n0 >= lo_all && n0 + BN - 1 <= hi_all) return false;  // warp-uniform
+  // exponent bits of a 16-bit float (all ones: Inf or NaN), in both halves of a 32-bit word
+  constexpr uint32_t kExp = std::is_same_v<T, __half> ? 0x7C00u : 0x7F80u;
+  bool bad = false;
+  for (int idx = lane; idx < BN * CH; idx += 32) {
+    const int c = idx / CH, key = n0 + c;
+    if (key >= lo_all && key <= hi_all) continue;  // seen by every row: the mma is exact for it
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(Vs + c * LD + (idx % CH) * 8);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      bad |= (w[i] & kExp) == kExp || ((w[i] >> 16) & kExp) == kExp;
+  }
+  return simt::any(bad);
 }
 
 template <typename T, int D>
@@ -293,18 +316,45 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
           o[t][2 * h + 1] *= alpha;
         }
       }
-      // O += P·V
+      // O += P·V. The mma multiplies every key of the tile into every row, p = 0 included, and 0·NaN = NaN:
+      // a NaN / Inf in the V row of a key that some of this warp's rows cannot see (diagonal and window-edge
+      // tiles) would leak into them. Such tiles (rare: non-finite V) take the exact path, which skips
+      // invisible keys per row (common.cuh, NaN rule); every other tile runs the mma.
+      if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, first_visible_key(whi, p.window), pos0 + wr0 / G)) {
+        // One key per iteration; the key loop inside an 8-key column tile is not unrolled, so this path does
+        // not raise the register budget of the mma path.
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[4];
-        tc_acc_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll 1
+          for (int cc = 0; cc < 8; ++cc) {
+            const int c = j * 8 + cc, key = n0 + c;
+            const T* vrow = Vs + c * LD + 2 * t4;
 #pragma unroll
-        for (int dp = 0; dp < OT / 2; ++dp) {
-          uint32_t bv[4];
-          simt::ldmatrix_x4_trans(bv, tc_b_kn_row(Vs + kk * 16 * LD + dp * 16, LD, lane));
-          const uint32_t b0[2] = {bv[0], bv[1]}, b1[2] = {bv[2], bv[3]};
-          tc_mma<T>(o[2 * dp], a, b0);
-          tc_mma<T>(o[2 * dp + 1], a, b1);
+            for (int h = 0; h < 2; ++h) {
+              // P[row g + 8h][c] is s[j][2h + c%2] of lane 4g + cc/2
+              const float pv = simt::shfl((cc & 1) ? s[j][2 * h + 1] : s[j][2 * h], (lane & ~3) | (cc >> 1));
+              if (key < rlo[h] || key > rpos[h]) continue;  // invisible to this row: never multiplied
+#pragma unroll
+              for (int t = 0; t < OT; ++t) {
+                o[t][2 * h] += pv * simt::to_float(vrow[t * 8]);
+                o[t][2 * h + 1] += pv * simt::to_float(vrow[t * 8 + 1]);
+              }
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          uint32_t a[4];
+          tc_acc_to_a<T>(a, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+          for (int dp = 0; dp < OT / 2; ++dp) {
+            uint32_t bv[4];
+            simt::ldmatrix_x4_trans(bv, tc_b_kn_row(Vs + kk * 16 * LD + dp * 16, LD, lane));
+            const uint32_t b0[2] = {bv[0], bv[1]}, b1[2] = {bv[2], bv[3]};
+            tc_mma<T>(o[2 * dp], a, b0);
+            tc_mma<T>(o[2 * dp + 1], a, b1);
+          }
         }
       }
     }

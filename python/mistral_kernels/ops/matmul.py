@@ -29,11 +29,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     -------
     [..., N]
     """
-    # Decode hot path (called ~4× per layer per step): as few Python-level checks as possible.
+    # Decode hot path (called ~4× per layer per step): as few Python-level checks as possible — the types
+    # here, the rest in C++ (csrc/cpu/linear.cpp) or in _check_gemm_args for the torch GEMM path.
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (out is None or isinstance(out, torch.Tensor))):
+        _raise_types(x, weight, out)
     if (
         x.is_cpu
         and x.dtype in _SKINNY_DTYPES
+        and x.dim() >= 1
+        and weight.dim() == 2
         and x.numel() <= SKINNY_MAX_M * x.shape[-1]
+        and (out is None or (out.shape == x.shape[:-1] + weight.shape[:1] and out.is_contiguous()))
         and x.is_contiguous()
         and weight.is_contiguous()
         and not torch.compiler.is_compiling()
@@ -45,6 +52,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         o2 = out if out.dim() == 2 else out.view(rows, weight.shape[0])
         _skinny_linear(o2, x2, weight)
         return out
+    _check_gemm_args(x, weight, out)
     if out is None:
         return torch.nn.functional.linear(x, weight)
     return torch.matmul(x, weight.T, out=out)
+
+
+def _raise_types(x: object, weight: object, out: object) -> None:
+    for name, v in (("x", x), ("weight", weight), ("out", out)):
+        if not isinstance(v, torch.Tensor) and not (name == "out" and v is None):
+            raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(v).__name__}")
+
+
+def _check_gemm_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> None:
+    """The checks skinny_linear makes in C++, for the torch GEMM path: ValueError naming the argument."""
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"linear: x must have a floating-point dtype, got {x.dtype}")
+    if weight.dtype != x.dtype or weight.device != x.device:
+        raise ValueError(f"linear: weight ({weight.dtype}, {weight.device}) must match x ({x.dtype}, {x.device})")
+    if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"linear: need x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if out is None:
+        return
+    shape = (*x.shape[:-1], weight.shape[0])
+    if out.dtype != x.dtype or out.device != x.device or tuple(out.shape) != shape:
+        raise ValueError(f"linear: out must be {x.dtype} {list(shape)} on {x.device}, got {out.dtype} "
+                         f"{list(out.shape)} on {out.device}")
+    for name, t in (("x", x), ("weight", weight)):
+        if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+            raise ValueError(f"linear: out shares memory with {name}; pass a separate output tensor")

@@ -35,6 +35,7 @@ import torch
 
 from ._base import OpFamily, check_index_range, require_tensor
 
+MAX_EXPERTS = 4096  # must match kMaxExperts in csrc/checks/moe.h (the bound of every backend)
 
 class MoEOps(OpFamily):
     """Kernel wrappers of the MoE family, bound to one ``torch.ops`` namespace (see ``ops/__init__.py``)."""
@@ -96,8 +97,8 @@ class MoEOps(OpFamily):
             raise ValueError(
                 f"{op}: x must be [T, H] and topk_ids [T, k], got {tuple(x.shape)} and {tuple(topk_ids.shape)}"
             )
-        if int(num_experts) < 1:
-            raise ValueError(f"{op}: num_experts must be >= 1, got {num_experts}")
+        if not 1 <= int(num_experts) <= MAX_EXPERTS:  # before allocating expert_offsets [E+1]
+            raise ValueError(f"{op}: num_experts must be in [1, {MAX_EXPERTS}], got {num_experts}")
         check_index_range(op, "topk_ids", topk_ids, 0, int(num_experts), f"expert ids, num_experts = {num_experts}")
         t, k = topk_ids.shape
         permuted = x.new_empty(t * k, x.shape[1])

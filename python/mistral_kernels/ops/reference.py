@@ -89,10 +89,15 @@ def rotary_embedding(
 
 
 def topk_softmax(gating_logits: torch.Tensor, k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """gating_logits [T, E] → (weights fp32 [T, k], ids int32 [T, k]); softmax in fp32, ties → lower id."""
+    """gating_logits [T, E] → (weights fp32 [T, k], ids int32 [T, k]); softmax in fp32, ties → lower id.
+
+    A NaN probability (NaN / Inf logits) ranks below every number (router_rank, csrc/kernels/common.cuh),
+    so the k ids are always distinct; a row with any NaN / +Inf logit is all NaN → ids 0 … k-1, NaN weights.
+    """
     probs = torch.softmax(gating_logits.float(), dim=-1)
     # A stable descending sort keeps equal probabilities in increasing expert order.
-    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    rank = torch.where(probs.isnan(), -0.5, probs)
+    order = torch.sort(rank, dim=-1, descending=True, stable=True).indices[:, :k]
     weights = probs.gather(1, order)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -199,7 +204,13 @@ def _gather(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scale: float,
             window: int | None) -> torch.Tensor:
-    """q [n, Hq, D] at positions pos [n] over k, v [L, Hkv, D] (positions 0..L-1) → fp32 [n, Hq, D]."""
+    """q [n, Hq, D] at positions pos [n] over k, v [L, Hkv, D] (positions 0..L-1) → fp32 [n, Hq, D].
+
+    NaN semantics (the kernels follow them, csrc/kernels/common.cuh): a NaN / Inf in q or in the K row of a
+    visible key makes the row NaN (softmax of a NaN score); a NaN / Inf in the V row of a visible key
+    reaches the output columns it is in (p·v); keys a query cannot see never matter, whatever they hold;
+    a row that sees no key is 0.
+    """
     g = q.shape[1] // k.shape[1]
     kf = k.float().repeat_interleave(g, dim=1)
     vf = v.float().repeat_interleave(g, dim=1)
@@ -208,9 +219,19 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor
     visible = j[None, :] <= pos[:, None]
     if window is not None:
         visible &= j[None, :] > pos[:, None] - window
-    scores = scores.masked_fill(~visible[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key → 0
-    return torch.einsum("hnj,jhd->nhd", probs, vf)
+    scores = scores.masked_fill(~visible[None], float("-inf"))  # a select: NaN scores of hidden keys vanish
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.where(visible.any(-1)[None, :, None], probs, 0.0)  # rows that see no key → 0 (NaN kept)
+    # P·V without 0·NaN: non-finite V entries are added only to the rows that see their key.
+    finite = vf.isfinite()
+    out = torch.einsum("hnj,jhd->nhd", probs, torch.where(finite, vf, 0.0))
+    jj, hh, dd = (~finite).nonzero(as_tuple=True)
+    if jj.numel():
+        contrib = probs[hh, :, jj] * vf[jj, hh, dd][:, None]  # [nbad, n]
+        contrib = torch.where(visible[:, jj].T, contrib, 0.0)
+        rows = torch.arange(q.shape[0], device=q.device)
+        out.index_put_((rows[None, :], hh[:, None], dd[:, None]), contrib, accumulate=True)
+    return out
 
 
 def paged_prefill_attention(

@@ -54,6 +54,7 @@ class RopeOps(OpFamily):
         """
         require_tensor("rotary_embedding", "positions", positions)
         require_tensor("rotary_embedding", "cos_sin_cache", cos_sin_cache)
-        check_index_range("rotary_embedding", "positions", positions, 0, cos_sin_cache.shape[0],
-                          "rows of cos_sin_cache")
+        if cos_sin_cache.dim() == 2:  # other ranks: the op's own check names the argument
+            check_index_range("rotary_embedding", "positions", positions, 0, cos_sin_cache.shape[0],
+                              "rows of cos_sin_cache")
         self._lib.rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox))
