@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .transfer import to_device
+
 __all__ = ["AttentionBatch"]
 
 
@@ -73,8 +75,18 @@ class AttentionBatch:
         block_size: int,
         device: torch.device | str = "cpu",
         logits_sequences: Sequence[int] | None = None,
+        *,
+        num_blocks: int | None = None,
+        max_position: int | None = None,
     ) -> AttentionBatch:
         """Build the metadata on the host from per-sequence lists (see the module docstring).
+
+        This is the step's one validation of the index tensors: with ``num_blocks`` and ``max_position``
+        given, every index a kernel of the forward reads is checked here, on the host lists (block ids in
+        [0, num_blocks), positions below max_position; slots, seq_lens and cu_seqlens_q are in range by
+        construction), so the forward can run with the device index checks off
+        (:func:`mistral_kernels.ops.device_index_checks`, docs/design.md §3) and without a host sync. The
+        tensors reach ``device`` through :func:`~mistral_kernels.transfer.to_device` (no sync either).
 
         Parameters
         ----------
@@ -85,6 +97,9 @@ class AttentionBatch:
         logits_sequences : the sequences b (increasing) whose last new token gets logits:
             ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's last
             token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
+        num_blocks : physical blocks of the cache; when given, every block id of the tables must lie in
+            [0, num_blocks) (ValueError otherwise)
+        max_position : rows of the RoPE table; when given, every position must be below it
         """
         b = len(block_tables)
         if not (len(num_cached) == len(num_new) == b) or b == 0:
@@ -98,6 +113,13 @@ class AttentionBatch:
             if (cached + new + block_size - 1) // block_size > len(table):
                 raise ValueError(f"AttentionBatch.build: sequence {s} needs {cached + new} tokens but its block "
                                  f"table holds {len(table)} blocks of {block_size}")
+            if num_blocks is not None and any(not 0 <= blk < num_blocks for blk in table):
+                bad = next(blk for blk in table if not 0 <= blk < num_blocks)
+                raise ValueError(f"AttentionBatch.build: sequence {s}'s block table holds block {bad}, outside "
+                                 f"[0, {num_blocks}) (num_blocks of the cache)")
+            if max_position is not None and cached + new > max_position:
+                raise ValueError(f"AttentionBatch.build: sequence {s} reaches position {cached + new - 1}, "
+                                 f"beyond the model's max_position {max_position}")
             for p in range(cached, cached + new):
                 positions.append(p)
                 slots.append(table[p // block_size] * block_size + p % block_size)
@@ -112,13 +134,13 @@ class AttentionBatch:
             if any(not 0 <= r < b for r in rows) or rows != sorted(set(rows)):
                 raise ValueError(f"AttentionBatch.build: logits_sequences must be increasing ids in [0, {b}), "
                                  f"got {rows}")
-            logits_indices = torch.tensor([cu[r + 1] - 1 for r in rows], dtype=torch.int64, device=device)
+            logits_indices = to_device([cu[r + 1] - 1 for r in rows], torch.int64, device)
         return cls(
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor([c + n for c, n in zip(num_cached, num_new)], dtype=torch.int32, device=device),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+            positions=to_device(positions, torch.int64, device),
+            slot_mapping=to_device(slots, torch.int64, device),
+            block_tables=to_device(tables, torch.int32, device),
+            seq_lens=to_device([c + n for c, n in zip(num_cached, num_new)], torch.int32, device),
+            cu_seqlens_q=to_device(cu, torch.int32, device),
             decode_only=all(n == 1 for n in num_new),
             logits_indices=logits_indices,
         )

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "for --max-batch sequences)")
     g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
                    help="token budget per engine step = prefill chunk size (512)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
     g.add_argument("--tp", type=_positive(int), default=1,
                    help="tensor-parallel ranks; must equal the processes torchrun starts (1)")
     g.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
@@ -161,7 +163,8 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
     try:
         llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
-                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel)
+                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
+                  enforce_eager=args.enforce_eager)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2

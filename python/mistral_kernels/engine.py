@@ -54,16 +54,19 @@ class Engine:
     max_tokens_per_step : int
         Token budget of one step (prefill chunks are cut to it).
     eos_ids : token ids that end generation (default: the tokenizer's).
+    enforce_eager : decode steps without CUDA graphs (see :class:`~mistral_kernels.runner.ModelRunner`;
+        None = graphs on CUDA, plain forward elsewhere).
     """
 
     def __init__(self, model: PagedModel, tokenizer: Tokenizer | None, *, num_blocks: int, block_size: int = 16,
-                 max_batch: int = 8, max_tokens_per_step: int = 512, eos_ids: Sequence[int] | None = None) -> None:
+                 max_batch: int = 8, max_tokens_per_step: int = 512, eos_ids: Sequence[int] | None = None,
+                 enforce_eager: bool | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
         self.scheduler = Scheduler(BlockManager(num_blocks, block_size, model.config.sliding_window), max_batch,
                                    max_tokens_per_step)
-        self.runner = ModelRunner(model, num_blocks, block_size)
+        self.runner = ModelRunner(model, num_blocks, block_size, max_batch=max_batch, enforce_eager=enforce_eager)
         if eos_ids is None:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)

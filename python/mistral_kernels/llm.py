@@ -41,13 +41,15 @@ class LLM:
     tokenizer : path of a tokenizer to use instead of the one found with the model.
     parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
         every rank constructs the LLM and makes the same calls). None = one process.
+    enforce_eager : no CUDA graphs for decode steps (default False: on CUDA, decode steps replay one
+        captured graph per batch-size bucket; see :mod:`mistral_kernels.decode_graphs`).
     """
 
     def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, max_batch: int = 8, block_size: int = 16,
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
-                 parallel: ParallelContext | None = None) -> None:
+                 parallel: ParallelContext | None = None, enforce_eager: bool = False) -> None:
         if path is None:
             from .default_model import default_model_path
 
@@ -61,7 +63,8 @@ class LLM:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
-                             max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos))
+                             max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos),
+                             enforce_eager=True if enforce_eager else None)
 
     def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
         """Token ids of a prompt: plain (BOS added per the tokenizer) or as a one-turn chat."""
