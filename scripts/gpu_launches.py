@@ -4,8 +4,8 @@ Run by scripts/gpu_check.sh under ``compute-sanitizer`` (memcheck, racecheck) on
 ``--backend emu`` (the same kernels under the SIMT emulator, on the CPU) in CI, so the script cannot rot.
 Shapes are tiny on purpose (a sanitizer slows kernels ~100×) but reach every code path that matters for
 memory safety: split-K decode with an empty sequence and padded rows, the SIMT (fp32) and tensor-core
-(bf16) prefill with a cached prefix, an empty-query sequence and a sliding window, reshape_and_cache with
-a skipped slot, RoPE, the norms and the fused MoE block.
+(bf16) prefill with a cached prefix, an empty-query sequence and a sliding window (on a GPU also tiles
+whose key range is empty), reshape_and_cache with a skipped slot, RoPE, the norms and the fused MoE block.
 
     python scripts/gpu_launches.py [--backend cuda|emu]
 
@@ -65,6 +65,15 @@ def run(ops: ModuleType, dev: str) -> None:
         want = ref.paged_prefill_attention(q.cpu(), kc.cpu(), vc.cpu(), tables.cpu(), cu.cpu(), sl.cpu(), D ** -0.5,
                                            window)
         _close(got, want, f"paged_prefill_attention {dtype} W={window}", tol)
+    if dev == "cuda":  # unchecked bad input (device checks off): seq_lens < q_b leaves blocks an empty key
+        # range; the tensor-core kernel must still wait for its Q copies before its epilogue (racecheck)
+        kc, vc, tables, _ = _paged(g, [8], torch.bfloat16, dev)
+        q = torch.randn(70, HQ, D, generator=g).to(dev, torch.bfloat16)
+        with public_ops.device_index_checks(False):
+            out = ops.paged_prefill_attention(q, kc, vc, tables, torch.tensor([0, 70], dtype=torch.int32, device=dev),
+                                              torch.tensor([8], dtype=torch.int32, device=dev), D ** -0.5)
+        torch.cuda.synchronize()
+        print(f"ok  paged_prefill_attention empty key ranges (finite: {bool(torch.isfinite(out).all())})")
     # reshape_and_cache with a skipped (-1) slot
     k = torch.randn(5, HKV, D, generator=g).to(dev)
     v = torch.randn(5, HKV, D, generator=g).to(dev)

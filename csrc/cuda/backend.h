@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -23,6 +24,8 @@ struct Context {
   c10::cuda::CUDAGuard guard;
   explicit Context(const at::Tensor& t) : guard(t.device()) {}
   cudaStream_t stream() const { return c10::cuda::getCurrentCUDAStream(); }
+  // SMs of the current device (cached by ATen: no driver call, no sync), for launch planning.
+  int sm_count() const { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 };
 
 }  // namespace mk::inline MK_ABI::backend

@@ -21,9 +21,13 @@ inline void require_device(const char* op, const char* arg, const at::Tensor& t)
               t.device());
 }
 
+// Launch planning sees an H100's 132 SMs, so the emulated tests run the grid shapes an H100 gets.
+inline constexpr int kEmulatedSmCount = 132;
+
 struct Context {
   explicit Context(const at::Tensor&) {}
   cudaStream_t stream() const { return nullptr; }
+  int sm_count() const { return kEmulatedSmCount; }
 };
 
 }  // namespace mk::inline MK_ABI::backend

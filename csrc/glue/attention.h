@@ -56,17 +56,19 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
   TORCH_CHECK(partition_size >= 0, op, ": partition_size must be >= 0 (0 = automatic), got ", partition_size);
   check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window);  // emulated (CPU) index tensors
   if (out.numel() == 0) return;
+  backend::Context ctx(q);
   const int64_t B = seq_lens.size(0);
-  const int64_t part = partition_size > 0 ? partition_size : kDecodeAutoPartition;
-  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
-  const int64_t P = decode_num_partitions(capacity, sliding_window, part);
-  const int64_t Hq = q.size(1), D = q.size(2);
+  const int64_t Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2), G = Hq / Hkv;
+  // Split-K from shapes and the SM count only (attention_plan.h): no sync, graph-capturable.
+  const DecodePlan plan = decode_plan(B, Hkv * ceil_div(G, decode_group_chunk(static_cast<int>(G))),
+                                      decode_key_range(block_tables.size(1) * k_cache.size(1), sliding_window),
+                                      partition_size, ctx.sm_count());
+  const int64_t part = plan.part_size, P = plan.partitions;
   at::Tensor part_out, part_ml;
   if (P > 1) {
     part_out = at::empty({B, Hq, P, D}, q.options().dtype(at::kFloat));
     part_ml = at::empty({2, B, Hq, P}, q.options().dtype(at::kFloat));
   }
-  backend::Context ctx(q);
   MK_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
     DecodeParams<kernel_t<scalar_t>> p{check::paged_cache_of<kernel_t<scalar_t>>(k_cache, v_cache, block_tables)};
     p.out = kptr<scalar_t>(out);
@@ -83,6 +85,7 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
     p.window = kernel_window(sliding_window, k_cache, block_tables);
     p.part_size = static_cast<int>(part);
     p.P = static_cast<int>(P);
+    p.b0 = 0;
     p.scale = static_cast<float>(scale);
     check_attention_launch(launch_paged_decode(p, static_cast<int>(D), ctx.stream()), op);
   });
