@@ -83,7 +83,7 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
     p.B = static_cast<int>(B);
     p.Hq = static_cast<int>(Hq);
     p.window = kernel_window(sliding_window, k_cache, block_tables);
-    p.part_size = static_cast<int>(part);
+    p.part_size = partition_size > 0 ? static_cast<int>(part) : 0;  // 0: sized per sequence in the kernel
     p.P = static_cast<int>(P);
     p.b0 = 0;
     p.scale = static_cast<float>(scale);

@@ -9,8 +9,10 @@
 //   P_target = ceil(2 · SMs / (B · head_blocks));  part = range / P_target rounded down to 32 keys (≥ 32)
 //   e.g. B = 1, Hkv = 8, G = 4, 4096 keys, 132 SMs: P_target 33, part 96 → 43 partitions, 344 blocks;
 //        B = 64: 512 blocks per partition already → one partition (no split-K workspace at all).
-// Partitions past a sequence's own keys exit at once (the kernel and the reduce skip them), so planning
-// for the capacity costs a few idle blocks, never bandwidth. An explicit partition_size is honoured, but
+// With the automatic size the kernel then splits each sequence's own visible keys over these P partitions
+// (decode_partition_size, paged_decode.cuh: multiples of 32 keys), so planning for the capacity does not
+// leave a short sequence on one block; partitions past a sequence's keys exit at once (the kernel and the
+// reduce skip them). An explicit partition_size is honoured, but
 // clamped to [ceil(range / 65535), range]: at most 65535 partitions (grid.z), none larger than the
 // range (so it fits the kernel's int and a huge value means "one partition", not zeros).
 //

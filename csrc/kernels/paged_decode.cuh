@@ -8,7 +8,11 @@
 //   k_cache / v_cache [N, S, Hkv, D], block_tables int32 [B, M], seq_lens int32 [B],
 //   split-K workspace (P > 1): part_out f32 [B, Hq, P, D], part_m / part_l f32 [B, Hq, P].
 // The query of sequence b sits at pos = seq_lens[b]-1 and sees keys first ≤ j ≤ pos with
-// first = first_visible_key(pos, W) (common.cuh). Partition z covers keys [first + z·PS, first + (z+1)·PS).
+// first = first_visible_key(pos, W) (common.cuh). Partition z covers keys [first + z·PS, first + (z+1)·PS),
+// PS = decode_partition_size: the caller's partition_size, or (automatic, p.part_size = 0) the sequence's
+// own visible keys split over the P planned partitions, in multiples of 32 keys — so a short sequence in
+// a table planned for a long capacity (the static buffers of the CUDA-graph runner) still spreads over
+// the partitions instead of leaving all but the first one idle.
 //
 // Grid (Hkv·ceil(G/GC), B, P), 4 warps (B in chunks of ≤ 65535 launches, p.b0 the chunk's first sequence;
 // P and the partition size from decode_plan, attention_plan.h; partitions past a sequence's keys exit at once). Each block streams its partition's K/V rows ONCE for all GC q
@@ -47,6 +51,14 @@ namespace mk::inline MK_ABI {
 
 inline constexpr int kDecodeWarps = 4;
 
+// Keys per partition of a sequence with `keys` visible keys: the fixed size, or 0 → automatic (see the
+// header): ceil(keys / P) rounded up to 32, so at most P partitions are used.
+MK_HD int64_t decode_partition_size(int64_t fixed, int64_t keys, int P) {
+  if (fixed > 0) return fixed;
+  const int64_t per = ceil_div(keys > 0 ? keys : 1, P);
+  return ceil_div(per, kDecodeMinPartition) * kDecodeMinPartition;
+}
+
 // The longest possible visible range of a query: the block-table capacity, or the window (the `range` of
 // decode_plan). Host-side, from shapes only: no device sync.
 MK_HD int64_t decode_key_range(int64_t capacity, int64_t window) {
@@ -70,7 +82,7 @@ struct DecodeParams : PagedCache<T> {
   float* part_m;    // [B, Hq, P]
   float* part_l;    // [B, Hq, P]
   int64_t q_stride;
-  int B, Hq, window, part_size, P;
+  int B, Hq, window, part_size, P;  // part_size 0: automatic per sequence (decode_partition_size)
   int b0;  // first sequence of this launch (B is split into chunks of ≤ 65535: grid.y)
   float scale;
 };
@@ -108,12 +120,13 @@ paged_decode_kernel(const DecodeParams<T> p) {
   const int b = p.b0 + static_cast<int>(blockIdx.y), part = blockIdx.z;
   const int len = p.seq_lens[b];
   const int first = static_cast<int>(first_visible_key(len - 1, p.window));
-  const int64_t kbeg64 = first + static_cast<int64_t>(part) * p.part_size;
+  const int64_t part_size = decode_partition_size(p.part_size, len - first, p.P);
+  const int64_t kbeg64 = first + static_cast<int64_t>(part) * part_size;
   // A partition past the sequence's keys does nothing (the reduce never reads it); partition 0 always
   // runs so that a sequence without keys still writes its zeros. Block-uniform.
   if (part > 0 && kbeg64 >= len) return;
   const int kbeg = static_cast<int>(kbeg64);  // < len: 32-bit key indices from here on
-  const int kend = static_cast<int>(min(static_cast<int64_t>(len), kbeg64 + p.part_size));
+  const int kend = static_cast<int>(min(static_cast<int64_t>(len), kbeg64 + part_size));
 
   float q[GC][VPL][VEC], acc[GC][VPL][VEC];
   OnlineSoftmax st[GC];
@@ -264,7 +277,9 @@ __global__ void __launch_bounds__(128) paged_decode_reduce_kernel(const DecodePa
   const float* pl = p.part_l + bh * p.P;
   const int len = p.seq_lens[b];
   const int64_t keys = len - first_visible_key(len - 1, p.window);  // ≤ 0 for an empty sequence
-  const int used = keys <= 0 ? 1 : static_cast<int>(min(static_cast<int64_t>(p.P), ceil_div(keys, p.part_size)));
+  const int used = keys <= 0 ? 1
+                             : static_cast<int>(min(static_cast<int64_t>(p.P),
+                                                    ceil_div(keys, decode_partition_size(p.part_size, keys, p.P))));
   float mx = -INFINITY;
   for (int z = 0; z < used; ++z) mx = fmaxf(mx, pm[z]);  // a partition that saw no key: -inf
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
