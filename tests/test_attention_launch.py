@@ -4,18 +4,27 @@
 - partition_size far beyond the keys (clamped to one partition, not truncated to int → zeros);
 - many ragged prefill sequences, empty ones included, through the work-list grid (SIMT fp32 and
   tensor-core bf16 kernels), and a mixed batch: its decode rows through the decode kernel (split-K) and
-  through the prefill kernel agree with the reference and with each other.
+  through the prefill kernel agree with the reference and with each other; the model sends the leading
+  decode rows of a mixed step to the decode kernel.
 The plans themselves: tests/test_attention_plan.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import unittest.mock
+
 import pytest
 import torch
 
-from mistral_kernels import reference as ref
+import mistral_kernels
+from mistral_kernels import ops, reference as ref
+from mistral_kernels.batch import AttentionBatch
+from mistral_kernels.config import ModelConfig
 
 from .conftest import Backend, assert_close
+from .model_helpers import random_model
 from .test_attention import _check_decode, _check_prefill, _to, make_paged
 
 
@@ -69,3 +78,38 @@ def test_mixed_batch_through_both_kernels(backend_one_schedule: Backend) -> None
     assert_close(pre, want, torch.float32, atol=1e-4, rtol=1e-4)
     assert_close(dec, want[:3], torch.float32, atol=1e-4, rtol=1e-4)
     assert_close(dec, pre[:3].cpu(), torch.float32, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "emu"])
+def test_model_mixed_step_routes_leading_decodes_to_the_decode_kernel(kernels: str) -> None:
+    """A step of 2 decodes then a prefill chunk: AttentionBatch marks the 2 leading decodes, the model sends
+    them through paged_decode_attention; the logits equal those of the same step through the prefill kernel
+    alone (which tests/test_attention.py checks against the reference)."""
+    if kernels == "emu" and not mistral_kernels.emulator_compiled():
+        pytest.skip("emulated kernels not built")
+    mod = ops if kernels == "cpu" else importlib.import_module("mistral_kernels.emulated")
+    cfg = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=48, vocab_size=64,
+                      max_position=128, sliding_window=24)
+    model = random_model(cfg, kernels=mod, seed=4)
+    cache = model.new_cache(40, 8)
+    g = torch.Generator().manual_seed(6)
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    tables, cached, new = [[3, 9, 4, 12, 2], [7, 1], [20, 21, 22]], [37, 15, 10], [1, 1, 9]
+    batch = AttentionBatch.build(tables, cached, new, 8, logits_sequences=[0, 1, 2], num_blocks=40, max_position=128)
+    assert (batch.num_decode, batch.prefill_cu_seqlens_q.tolist(), batch.decode_only) == (2, [0, 9], False)
+    ids = torch.randint(0, 64, (11,), generator=g)
+    calls: list[str] = []
+    decode = mod.paged_decode_attention
+
+    def spy(*a: object, **kw: object) -> torch.Tensor:
+        calls.append("decode")
+        return decode(*a, **kw)
+
+    k0, v0 = [t.clone() for t in cache.k], [t.clone() for t in cache.v]
+    with unittest.mock.patch.object(mod, "paged_decode_attention", spy):
+        got = model.forward(ids, batch, cache)
+    assert calls == ["decode"] * cfg.n_layers
+    cache.k, cache.v = k0, v0
+    want = model.forward(ids, dataclasses.replace(batch, num_decode=0, prefill_cu_seqlens_q=None), cache)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

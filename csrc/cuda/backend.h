@@ -2,10 +2,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <array>
+#include <atomic>
 #include <initializer_list>
 
 #include "../abi.h"
@@ -24,8 +27,18 @@ struct Context {
   c10::cuda::CUDAGuard guard;
   explicit Context(const at::Tensor& t) : guard(t.device()) {}
   cudaStream_t stream() const { return c10::cuda::getCurrentCUDAStream(); }
-  // SMs of the current device (cached by ATen: no driver call, no sync), for launch planning.
-  int sm_count() const { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+  // SMs of the current device, for launch planning: a driver attribute query (no stream work, no sync;
+  // allowed while a graph captures), cached per device.
+  int sm_count() const {
+    static std::array<std::atomic<int>, 64> cache{};
+    const int dev = c10::cuda::current_device();
+    if (dev < static_cast<int>(cache.size()))
+      if (const int n = cache[dev].load(std::memory_order_relaxed); n > 0) return n;
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < static_cast<int>(cache.size())) cache[dev].store(n, std::memory_order_relaxed);
+    return n;
+  }
 };
 
 }  // namespace mk::inline MK_ABI::backend

@@ -19,6 +19,12 @@ sequence 0 has 5 cached tokens, 2 new, blocks [7, 2]; sequence 1 is new with 3 t
     seq_lens      = [7, 3]                               int32 [B]   cached + new
     cu_seqlens_q  = [0, 2, 5]                            int32 [B+1] prefix sums of num_new
     decode_only   = False
+    num_decode    = 0      (leading sequences with exactly one new token: none here)
+
+A mixed step whose first sequences decode (the scheduler puts running requests first) sends those rows to
+the decode kernel (split-K over long contexts) and the rest to the prefill kernel: with sequences
+[decode, decode, prefill chunk of 3], ``num_decode = 2`` and ``prefill_cu_seqlens_q = [0, 3]`` (the
+cu_seqlens_q of the sequences after them, from 0).
 
 With ``logits_sequences=[1]`` (only sequence 1 samples, e.g. sequence 0 is mid-prefill)::
 
@@ -52,6 +58,10 @@ class AttentionBatch:
     decode_only : every sequence has exactly one new token (T == B): use the decode attention kernel
     logits_indices : int64 [N] rows of the T tokens whose logits are wanted (e.g. the last token of each
         sequence); None computes logits for all T rows
+    num_decode : when not decode_only, how many leading sequences have exactly one new token (their rows
+        go to the decode kernel, the others' to the prefill kernel with ``prefill_cu_seqlens_q``)
+    prefill_cu_seqlens_q : int32 [B - num_decode + 1], cu_seqlens_q of the sequences after the leading
+        decodes, from 0 (None when num_decode is 0)
     """
 
     positions: torch.Tensor
@@ -61,6 +71,8 @@ class AttentionBatch:
     cu_seqlens_q: torch.Tensor
     decode_only: bool
     logits_indices: torch.Tensor | None = None
+    num_decode: int = 0
+    prefill_cu_seqlens_q: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -135,12 +147,19 @@ class AttentionBatch:
                 raise ValueError(f"AttentionBatch.build: logits_sequences must be increasing ids in [0, {b}), "
                                  f"got {rows}")
             logits_indices = to_device([cu[r + 1] - 1 for r in rows], torch.int64, device)
+        decode_only = all(n == 1 for n in num_new)
+        num_decode = 0
+        while not decode_only and num_new[num_decode] == 1:
+            num_decode += 1
+        prefill_cu = to_device([c - cu[num_decode] for c in cu[num_decode:]], torch.int32, device) if num_decode else None
         return cls(
             positions=to_device(positions, torch.int64, device),
             slot_mapping=to_device(slots, torch.int64, device),
             block_tables=to_device(tables, torch.int32, device),
             seq_lens=to_device([c + n for c, n in zip(num_cached, num_new)], torch.int32, device),
             cu_seqlens_q=to_device(cu, torch.int32, device),
-            decode_only=all(n == 1 for n in num_new),
+            decode_only=decode_only,
             logits_indices=logits_indices,
+            num_decode=num_decode,
+            prefill_cu_seqlens_q=prefill_cu,
         )
