@@ -117,8 +117,13 @@ inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const 
     p.scale = static_cast<float>(scale);
     // fp16 / bf16: the tensor-core kernel (paged_prefill_tc.cuh); fp32 and its fallback rule: the SIMT one
     const int D = static_cast<int>(q.size(2));
-    check_attention_launch(paged_prefill_tc_supported(p, D)
-                               ? launch_paged_prefill_tc(p, q.size(0), static_cast<int>(B), D, ctx.stream())
+    const bool tc = paged_prefill_tc_supported(p, D);
+    const size_t smem = prefill_smem_bytes<kernel_t<scalar_t>>(D);
+    TORCH_CHECK(tc || smem <= static_cast<size_t>(ctx.max_smem_per_block()), op, ": ", q.scalar_type(),
+                " with head_dim ", D, " needs ", smem / 1024, " KiB of shared memory per block, this GPU allows ",
+                ctx.max_smem_per_block() / 1024, " KiB (sm_86 / sm_89: 99 KiB); use bfloat16 or float16 (the "
+                "tensor-core kernel) or a GPU with more shared memory (A100, H100)");
+    check_attention_launch(tc ? launch_paged_prefill_tc(p, q.size(0), static_cast<int>(B), D, ctx.stream())
                                : launch_paged_prefill(p, q.size(0), static_cast<int>(B), D, ctx.stream()),
                            op);
   });

@@ -25,7 +25,8 @@
 //
 // Bound: compute (FLOPs = 4·Σ visible(q,k)·D per head) — this scalar kernel runs at the CUDA-core FP32
 // rate (~19.5 TFLOP/s A100); shared memory traffic per tile is (BM + 2·BN)·D·sizeof(T).
-// Shared memory: (BM + 2·BN)·D·sizeof(T) + 4·16·BN·4 bytes (fp32, D = 256: 136 KiB, sm_80 opt-in).
+// Shared memory: (BM + 2·BN)·D·sizeof(T) + 4·16·BN·4 bytes (fp32, D = 256: 136 KiB, sm_80 opt-in; the glue
+// raises a clear error on GPUs that allow less, e.g. sm_86 / sm_89 with 99 KiB).
 #pragma once
 
 #include "../simt/portable.cuh"
