@@ -30,6 +30,14 @@
 
 #include "../abi.h"
 
+// The prefill kernels call the work-list functions on the device: host + device under nvcc (keywords,
+// no CUDA header needed), plain functions elsewhere.
+#if defined(__CUDACC__)
+#define MK_PLAN_HD __host__ __device__
+#else
+#define MK_PLAN_HD
+#endif
+
 namespace mk::inline MK_ABI {
 
 inline constexpr int64_t kMaxGridYZ = 65535;          // CUDA's limit of gridDim.y and gridDim.z
@@ -61,12 +69,12 @@ constexpr DecodePlan decode_plan(int64_t B, int64_t head_blocks, int64_t range, 
 }
 
 // Prefill: first grid index of sequence b's tiles (cu_b = cu_seqlens_q[b]); T(B) is the grid size.
-constexpr int64_t prefill_tile_start(int64_t cu_b, int64_t b, int G, int BM) { return cu_b * G / BM + b; }
+MK_PLAN_HD constexpr int64_t prefill_tile_start(int64_t cu_b, int64_t b, int G, int BM) { return cu_b * G / BM + b; }
 
 // Sequence b and tile of grid index t (binary search over cu[0..B]); false for an index past its
 // sequence's tiles (an idle block: at most one per sequence) — the kernels return at once then.
 template <typename Index>
-constexpr bool prefill_locate_tile(const Index* cu, int B, int64_t t, int G, int BM, int& b, int& tile) {
+MK_PLAN_HD constexpr bool prefill_locate_tile(const Index* cu, int B, int64_t t, int G, int BM, int& b, int& tile) {
   int lo = 0, hi = B - 1;  // the last b with T(b) <= t
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
