@@ -38,12 +38,11 @@ def test_parser_flags() -> None:
 
 
 def test_generate_needs_a_prompt(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match="at least one --prompt"):
-        main(["generate"])
-    with pytest.raises(SystemExit, match="does not exist"):
-        main(["generate", "--prompts-file", str(tmp_path / "none.txt")])
-    with pytest.raises(SystemExit, match="--system needs --chat"):
-        main(["generate", "--prompt", "x", "--system", "y"])
+    for argv, message in [(["generate"], "at least one --prompt"),
+                          (["generate", "--prompts-file", str(tmp_path / "none.txt")], "does not exist"),
+                          (["generate", "--prompt", "x", "--system", "y"], "--system needs --chat")]:
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_bad_model_path_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -75,3 +74,68 @@ def test_default_model_answers_paris(tmp_path: Path) -> None:
                            capture_output=True, text=True, env=_env(), timeout=300)
     assert batch.returncode == 0, batch.stderr
     assert batch.stdout.count("=== [") == 2 and "Paris" in batch.stdout.split("=== [1]")[0], batch.stdout
+
+
+# ------------------------------------------------------------------ user errors: one line, exit 2, no traceback
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Mistral with the default model's vocabulary (its tokenizer is passed with --tokenizer),
+    and a copy whose config has zero attention heads."""
+    transformers = pytest.importorskip("transformers")
+    import json
+
+    import torch
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("cli_tiny")
+    cfg = transformers.MistralConfig(vocab_size=49152, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                     max_position_embeddings=256)
+    transformers.MistralForCausalLM(cfg).save_pretrained(root / "tiny")
+    bad = root / "zero_heads"
+    bad.mkdir()
+    for f in (root / "tiny").iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    config = json.loads((bad / "config.json").read_text())
+    config["num_attention_heads"] = 0
+    (bad / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse
+        rc = int(e.code or 0)
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--prompts-file", "BAD_FILE"], "is not UTF-8 text (byte 0xff at offset 6)"),
+    (["--prompts-file", "/dev/zero"], "is not a regular file"),
+    (["--prompt", "\udcffhi"], "--prompt is not valid UTF-8 (byte 0xff"),  # how Python decodes a bad argv
+    (["--prompt", "hi", "--dtype", "fp16"], "float16 (--dtype fp16) is not supported on the CPU"),
+    (["--prompt", "hi", "--num-blocks", str(10**12)], "num_blocks (--num-blocks) = 1000000000000 blocks"),
+    (["--prompt", "hi", "--seed", str(2**70)], "argument --seed: must be in [0, 2**63 - 1]"),
+    (["--prompt", "hi", "--temperature", "-1"], "--temperature: temperature must be ≥ 0"),
+    (["--prompt", "hi", "--model", "ZERO_HEADS"], "n_heads"),
+])
+def test_user_errors_are_one_line_exit_2(extra: list[str], message: str, tiny_checkpoints: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    bad_file = tmp_path / "prompts.txt"
+    bad_file.write_bytes(b"hello \xff\xfe world\n")
+    extra = [str(bad_file) if a == "BAD_FILE" else str(tiny_checkpoints / "zero_heads") if a == "ZERO_HEADS"
+             else a for a in extra]
+    argv = ["generate", "--model", str(tiny_checkpoints / "tiny"), "--tokenizer", str(default_model_path()),
+            "--max-new-tokens", "2", *extra]
+    rc, err = _run_main(argv, capsys)
+    assert rc == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_non_utf8_argv_in_a_subprocess_prints_no_traceback() -> None:
+    """The real argv path (Python decodes the bytes with lone surrogates); the error comes before any load."""
+    argv = [sys.executable.encode(), b"-m", b"mistral_kernels", b"generate", b"--prompt", b"\xff\xfehi"]
+    r = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "mistral-kernels: --prompt is not valid UTF-8 (byte 0xff at character 0)", r.stderr

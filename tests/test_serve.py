@@ -10,6 +10,7 @@ test starts ``python -m mistral_kernels serve`` as a subprocess.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
 openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install '.[test]')")
@@ -30,6 +32,7 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
 from mistral_kernels import LLM  # noqa: E402
+from mistral_kernels.batch import AttentionBatch  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
 from mistral_kernels.serve.app import build_app  # noqa: E402
 
@@ -212,6 +215,11 @@ def test_disconnect_aborts_and_frees_blocks(live: Live) -> None:
     ({"model": NAME, "messages": [{"role": "user", "content": "word " * 950}], "max_tokens": 100}, 400,
      "max_tokens"),
     ({"model": NAME, "prompt": [1] * 9000, "max_tokens": 4}, 400, "prompt"),
+    ({"model": NAME, "messages": CHAT, "top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs=true
+    ({"model": NAME, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"model": NAME, "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ({"model": NAME, "messages": CHAT, "seed": 2**70}, 400, "seed"),
+    ({"model": NAME, "messages": CHAT, "stop": [""]}, 400, "stop"),
 ])
 def test_bad_request_then_good(live: Live, body: object, status: int, param: str | None) -> None:
     path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
@@ -266,3 +274,91 @@ def test_sigterm_while_streaming_exits_zero(subprocess_server: tuple[subprocess.
         t.join(5)
     assert rc == 0, proc.stdout.read() if proc.stdout else ""
     assert finishes == ["length", "length"]  # in-flight requests were finished, not cut
+
+
+def _raw_logprobs(live: Live, prompt: list[int], out: list[int]) -> torch.Tensor:
+    """Reference: log_softmax [len(out), V] of one plain forward of the model over prompt + out (every row's
+    logits; no engine, runner or sampler), at the positions that predicted ``out``."""
+    model = live.llm.model
+    ids = prompt + out
+    bs = 16
+    cache = model.new_cache((len(ids) + bs - 1) // bs, bs)
+    batch = AttentionBatch.build([list(range((len(ids) + bs - 1) // bs))], [0], [len(ids)], bs)
+    logits = model.forward(torch.tensor(ids), batch, cache).float()  # [T, V]
+    return logits[len(prompt) - 1:len(prompt) - 1 + len(out)].log_softmax(dim=-1)
+
+
+def test_chat_logprobs_equal_log_softmax_streamed_or_not(live: Live) -> None:
+    c = live.client()
+    r = c.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=6, logprobs=True,
+                                  top_logprobs=3)
+    ref_ids = live.chat_ref.token_ids[:6]
+    tok = live.llm.tokenizer
+    content = r.choices[0].logprobs.content
+    assert [e.token for e in content] == [tok.decode([t], skip_special_tokens=False) for t in ref_ids]
+    ref = _raw_logprobs(live, live.chat_ref.prompt_token_ids, ref_ids)
+    for i, e in enumerate(content):
+        assert e.logprob == pytest.approx(float(ref[i, ref_ids[i]]), abs=1e-3)
+        assert e.bytes == list(e.token.encode("utf-8"))
+        top_v, top_i = ref[i].topk(3)
+        assert [t.token for t in e.top_logprobs] == [tok.decode([t], skip_special_tokens=False) for t in top_i]
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx(top_v.tolist(), abs=1e-3)
+        assert e.top_logprobs[0].token == e.token  # greedy
+    streamed = []
+    for chunk in c.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=6, logprobs=True,
+                                           top_logprobs=3, stream=True):
+        for ch in chunk.choices:
+            streamed += ch.logprobs.content if ch.logprobs is not None else []
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-5)
+    plain = c.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs_equal_log_softmax(live: Live) -> None:
+    ids = live.chat_ref.prompt_token_ids
+    ref_ids = live.chat_ref.token_ids[:5]
+    ref = _raw_logprobs(live, ids, ref_ids)
+    tok = live.llm.tokenizer
+    texts = [tok.decode([t], skip_special_tokens=False) for t in ref_ids]
+    c = live.client()
+    r = c.completions.create(model=NAME, prompt=ids, temperature=0, max_tokens=5, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == texts
+    assert lp.token_logprobs == pytest.approx([float(ref[i, t]) for i, t in enumerate(ref_ids)], abs=1e-3)
+    assert lp.text_offset == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    for i, alts in enumerate(lp.top_logprobs):
+        top_v, top_i = ref[i].topk(2)
+        assert alts == pytest.approx({tok.decode([t], skip_special_tokens=False): v
+                                      for t, v in zip(top_i.tolist(), top_v.tolist())}, abs=1e-3)
+    streamed_tokens, streamed_offsets = [], []
+    for chunk in c.completions.create(model=NAME, prompt=ids, temperature=0, max_tokens=5, logprobs=2, stream=True):
+        for ch in chunk.choices:
+            if ch.logprobs is not None:
+                streamed_tokens += ch.logprobs.tokens
+                streamed_offsets += ch.logprobs.text_offset
+    assert streamed_tokens == texts and streamed_offsets == lp.text_offset
+    hot = c.completions.create(model=NAME, prompt=ids, temperature=1.5, seed=3, max_tokens=4, logprobs=0)
+    got = hot.choices[0].logprobs
+    assert len(got.tokens) == hot.usage.completion_tokens == 4
+    # logprobs=0: the sampled token only, with its own log-probability
+    assert [list(a.items()) for a in got.top_logprobs] == [[(t, v)] for t, v in zip(got.tokens, got.token_logprobs)]
+
+
+def test_non_streaming_disconnect_aborts(live: Live) -> None:
+    aborted = live.metric("requests_aborted_total")
+    body = json.dumps({"model": NAME, "messages": CHAT, "temperature": 0, "max_tokens": 400, "ignore_eos": True})
+    host, port = live.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    deadline = time.time() + 20
+    while live.metric("requests_running") < 1:
+        assert time.time() < deadline, "the request never started"
+        time.sleep(0.05)
+    sock.close()
+    deadline = time.time() + 20
+    while (live.metric("kv_blocks_used"), live.metric("requests_running"), live.metric("requests_waiting"),
+           live.metric("requests_aborted_total")) != (0, 0, 0, aborted + 1):
+        assert time.time() < deadline, "the disconnected request is still in the engine"
+        time.sleep(0.1)

@@ -5,6 +5,7 @@ offline result."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -72,3 +73,51 @@ def test_bounded_waiting_queue_shutdown_and_abort_on_stop() -> None:
     assert asyncio.run(go()) == [None, None, None]  # aborted: no completion
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
     assert not engine.has_unfinished()
+
+
+class _GatedModel(ToyModel):
+    """The toy model; each forward first waits for ``gate`` (holds the engine thread inside a step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def forward(self, token_ids, batch, cache):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().forward(token_ids, batch, cache)
+
+
+def test_submitter_cancelled_while_queued_adds_nothing_and_the_loop_lives() -> None:
+    """A client gone while its request waits in the inbox (the loop is inside a step): the request is never
+    added, and the loop does not die on the cancelled future."""
+    model = _GatedModel()
+    engine = Engine(model, CharTokenizer(), num_blocks=64, block_size=4, max_batch=2, max_tokens_per_step=64)
+    loop_engine = AsyncEngine(engine, ServerMetrics(engine), max_waiting=4)
+    params = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    ids = CharTokenizer().encode("abc")
+    loop_engine.start()
+
+    async def go() -> str:
+        first = await loop_engine.submit(ids, params)
+        await asyncio.to_thread(model.entered.wait, 30)  # the loop thread is now blocked in a step
+        task = asyncio.create_task(loop_engine.submit(ids, params))
+        await asyncio.sleep(0.05)  # its command sits in the inbox
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        model.gate.set()
+        completion = await first.completion()
+        assert completion is not None
+        return completion.text
+
+    try:
+        text = asyncio.run(go())
+        assert loop_engine.healthy, loop_engine.error
+    finally:
+        model.gate.set()
+        loop_engine.stop()
+    assert len(text) == 5 and engine._next_id == 1  # the cancelled request was never added
+    assert not engine.has_unfinished() and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert engine._finished == {} and engine.output._states == {}

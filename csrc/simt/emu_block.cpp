@@ -7,6 +7,8 @@
 // order. A round in which nobody could run while some threads are still waiting is a deadlock.
 #include "emu_block.h"
 
+#include "emu_stats.h"
+
 #include <cxxabi.h>
 #include <dlfcn.h>
 
@@ -40,7 +42,12 @@ std::string xyz(uint3 v) {
   std::snprintf(buf, sizeof buf, "(%u,%u,%u)", v.x, v.y, v.z);
   return buf;
 }
+bool same_site(SrcLoc a, SrcLoc b) {
+  return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
 std::string xyz(dim3 v) { return xyz(static_cast<uint3>(v)); }
+
+}  // namespace
 
 std::string kernel_name(const void* kernel) {
   Dl_info info{};
@@ -55,7 +62,6 @@ std::string kernel_name(const void* kernel) {
   std::snprintf(buf, sizeof buf, "%p", kernel);
   return std::string("<kernel at ") + buf + ">";
 }
-}  // namespace
 
 BlockRunner& this_thread_runner() {
   thread_local BlockRunner runner;
@@ -64,7 +70,7 @@ BlockRunner& this_thread_runner() {
 BlockRunner* BlockRunner::active() { return tl_active; }
 
 // ---- running a block -----------------------------------------------------------------------------------
-bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t block, Failure& failure) {
+bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t block, Failure& failure, bool stats) {
   const int n = static_cast<int>(spec.block.x * spec.block.y * spec.block.z);
   if (!stacks_.reserve(n, fiber_stack_size())) {
     failure = {cudaErrorMemoryAllocation, "SIMT emulator: could not map " + std::to_string(n) + " fiber stacks"};
@@ -97,7 +103,7 @@ bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t
 
   fibers_.resize(n);
   warps_.resize((n + 31) / 32);
-  for (int w = 0; w < static_cast<int>(warps_.size()); ++w) warps_[w] = Warp{0, std::min(32, n - 32 * w), nullptr, {}};
+  for (int w = 0; w < static_cast<int>(warps_.size()); ++w) warps_[w] = Warp{0, std::min(32, n - 32 * w), nullptr, SrcLoc::current(), {}};
   for (int i = 0; i < n; ++i) {
     Fiber& f = fibers_[i];
     f.tid = {static_cast<unsigned>(i % spec.block.x), static_cast<unsigned>(i / spec.block.x % spec.block.y),
@@ -119,6 +125,9 @@ bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t
 
   BlockRunner* const outer = tl_active;
   tl_active = this;
+  stats_ = stats;
+  if (stats_)
+    stats::block_begin({smem_, smem_ + spec.smem_bytes, stacks_.begin(), stacks_.end(), n});
   int exited = 0;
   while (!failed_) {
     if (schedule.kind == ScheduleKind::Random) std::shuffle(order.begin(), order.end(), rng);
@@ -137,6 +146,7 @@ bool BlockRunner::run(const LaunchSpec& spec, const Schedule& schedule, uint64_t
       failed_ = true;
     }
   }
+  if (stats_) stats::block_end(!failed_);
   tl_active = outer;
   dirty_stacks_ = failed_;
   spec_ = nullptr;
@@ -154,7 +164,7 @@ void BlockRunner::fiber_main(void* p) {
   } catch (...) {
     r.fault(cudaErrorLaunchFailure, "a C++ exception escaped the kernel");
   }
-  r.perform_copies(f, f.copies.size());  // cp.async still in flight completes before the thread retires
+  r.check_no_pending_copies(f);
   f.state = State::Exited;
   r.to_scheduler(f, /*exiting=*/true);
   std::abort();  // an exited fiber is never resumed
@@ -163,6 +173,7 @@ void BlockRunner::fiber_main(void* p) {
 void BlockRunner::resume(Fiber& f) {
   threadIdx = f.tid;
   current_ = &f;
+  if (stats_) stats::set_thread(f.index);
 #if SIMT_EMU_ASAN
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, stacks_.lo(f.index), stacks_.size());
@@ -199,12 +210,22 @@ void BlockRunner::warp_collective(const char* what, unsigned mask, Combine combi
     fault(cudaErrorLaunchFailure, std::string("DEADLOCK: partial-mask collective ") + what + "(mask=" + m + ") at " +
                                       at(loc) + " — the emulator synchronises whole warps only; use full-warp masks");
   }
+  if (stats_) stats::note_sync();
   Warp& w = warps_[f.index / 32];
   if (w.arrived == 0) {
     w.combine = combine;
+    w.loc = loc;
   } else if (w.combine != combine) {
     fault(cudaErrorLaunchFailure, std::string("DEADLOCK: lanes of warp ") + std::to_string(f.index / 32) +
                                       " wait at different warp collectives (this one: " + what + " at " + at(loc) + ")");
+  } else if (!same_site(w.loc, loc) && std::strcmp(what, "__syncwarp") != 0) {
+    // The same collective at two call sites (e.g. one shuffle in each branch of a divergent `if`): the
+    // emulator would combine their operands as if they were one instruction; .aligned instructions
+    // (mma, ldmatrix) require one instruction, and shuffles / votes from two sites only meet by accident of
+    // the compiler's reconvergence. __syncwarp may legally differ in call site (sm_70+).
+    fault(cudaErrorLaunchFailure, std::string("DEADLOCK: lanes of warp ") + std::to_string(f.index / 32) + " reach " +
+                                      what + " at different call sites: " + at(w.loc) + " and " + at(loc) +
+                                      " — a warp collective must be one call that all 32 lanes reach together");
   }
   f.state = State::AtWarp;
   if (++w.arrived == w.nlanes) {
@@ -221,6 +242,7 @@ int BlockRunner::block_barrier(const char* what, BarrierReduce op, int pred, Src
   f.loc = loc;
   f.pred = pred != 0;
   f.state = State::AtBarrier;
+  if (stats_) stats::note_sync();
   if (++barrier_arrived_ == static_cast<int>(fibers_.size())) {
     barrier_arrived_ = 0;
     int count = 0;
@@ -248,7 +270,15 @@ void BlockRunner::cp_async_issue(void* dst, const void* src, unsigned bytes, uns
     fault(cudaErrorMisalignedAddress,
           "cp.async of " + std::to_string(bytes) + " bytes needs " + std::to_string(bytes) + "-byte aligned addresses");
   }
-  current_->copies.push_back({dst, src, bytes, src_bytes < bytes ? src_bytes : bytes});
+  // The hardware may land the bytes at any moment between issue and wait: poison the destination now
+  // (0xff: NaN / -1), copy at the wait. A thread still reading the old contents after another thread
+  // issued a copy into them (a missing barrier before stage reuse) reads poison instead of plausible data.
+  std::memset(dst, 0xff, bytes);
+  if (stats_) {
+    stats::access(dst, bytes, /*store=*/true, loc);
+    stats::access(src, src_bytes < bytes ? src_bytes : bytes, /*store=*/false, loc);
+  }
+  current_->copies.push_back({dst, src, bytes, src_bytes < bytes ? src_bytes : bytes, loc});
 }
 
 void BlockRunner::cp_async_commit() { current_->group_ends.push_back(current_->copies.size()); }
@@ -272,6 +302,26 @@ void BlockRunner::perform_copies(Fiber& f, size_t upto) {
     f.copies.clear();
     f.copies_done = 0;
   }
+}
+
+// A thread must not exit with copies in flight: on the GPU they may land after the thread's (or its
+// block's) later stores to the same shared memory, or after the block's shared memory is reassigned.
+// Empty groups (commit with nothing issued) are harmless and allowed.
+void BlockRunner::check_no_pending_copies(Fiber& f) {
+  if (f.copies_done == f.copies.size()) return;
+  const Copy& first = f.copies[f.copies_done];
+  const size_t pending = f.copies.size() - f.copies_done;
+  size_t open_groups = 0;
+  for (size_t end : f.group_ends) open_groups += end > f.copies_done;
+  const bool uncommitted = f.group_ends.empty() || f.group_ends.back() < f.copies.size();
+  f.what = "thread exit";
+  f.loc = first.loc;
+  fault(cudaErrorLaunchFailure,
+        "cp.async still pending at thread exit: threadIdx " + xyz(f.tid) + " of blockIdx " + xyz(blockIdx) + " has " +
+            std::to_string(pending) + " cop" + (pending == 1 ? "y" : "ies") + " in flight (" +
+            std::to_string(open_groups) + " committed group(s) not waited for" +
+            (uncommitted ? ", plus copies never committed" : "") + "; first issued at " + at(first.loc) +
+            ") — cp_async_wait<0>() before the thread exits");
 }
 
 // ---- failures and reports -----------------------------------------------------------------------------

@@ -26,7 +26,8 @@ struct Failure {
 class BlockRunner {
  public:
   // Runs block number `block` (linear, x fastest) of `spec`. On failure fills `failure`, returns false.
-  bool run(const LaunchSpec& spec, const Schedule& schedule, uint64_t block, Failure& failure);
+  // `stats`: record MK_SIMT_STATS counters for this block (emu_stats.h).
+  bool run(const LaunchSpec& spec, const Schedule& schedule, uint64_t block, Failure& failure, bool stats = false);
 
   // Called from inside a fiber through the functions of emu_runtime.h.
   LaneSlot& lane_slot();
@@ -49,6 +50,7 @@ class BlockRunner {
     void* dst;
     const void* src;
     unsigned bytes, src_bytes;
+    SrcLoc loc;  // where it was issued, for the pending-at-exit report
   };
   struct Fiber {
     Context ctx;
@@ -66,6 +68,7 @@ class BlockRunner {
   struct Warp {
     int arrived, nlanes;
     Combine combine;
+    SrcLoc loc;  // call site of the first lane to arrive: the others must wait at the same one
     LaneSlot lanes[32];
   };
 
@@ -73,6 +76,7 @@ class BlockRunner {
   void resume(Fiber& f);
   void to_scheduler(Fiber& f, bool exiting);
   void perform_copies(Fiber& f, size_t upto);
+  void check_no_pending_copies(Fiber& f);
   std::string describe(const Fiber& f) const;
   std::string report(const std::string& headline) const;
   std::string block_name() const;
@@ -86,12 +90,14 @@ class BlockRunner {
   const LaunchSpec* spec_ = nullptr;
   Fiber* current_ = nullptr;
   int barrier_arrived_ = 0, barrier_result_ = 0;
-  bool failed_ = false, dirty_stacks_ = false;
+  bool failed_ = false, dirty_stacks_ = false, stats_ = false;
   Failure* failure_ = nullptr;
   const void* sched_stack_bottom_ = nullptr;  // for the AddressSanitizer fiber annotations
   size_t sched_stack_size_ = 0;
 };
 
 BlockRunner& this_thread_runner();
+// Demangled name of a kernel function (dladdr; exported symbols), or its address.
+std::string kernel_name(const void* kernel);
 
 }  // namespace simt::emu

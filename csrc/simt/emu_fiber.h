@@ -39,6 +39,8 @@ class StackPool {
   bool reserve(int count, size_t size);  // false if the mapping fails
   void* lo(int i) const { return base_ + static_cast<size_t>(i) * slot_ + guard_; }
   size_t size() const { return slot_ - guard_; }
+  const void* begin() const { return base_; }  // the whole mapping, guard pages included
+  const void* end() const { return base_ + bytes_; }
 
  private:
   char* base_ = nullptr;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emu_block.h"
+#include "emu_stats.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -24,9 +25,52 @@
 namespace simt::emu {
 namespace {
 
-// Largest dynamic shared memory a block may request: the sm_80 opt-in maximum (163 KiB), so a kernel
-// that runs here also fits the smallest GPU the project targets.
-constexpr size_t kMaxDynamicSmem = 163 * 1024;
+// Largest dynamic shared memory a block may request (cudaFuncAttributeMaxDynamicSharedMemorySize opt-in
+// maximum), per target. sm_80 cubins also run on sm_86 / sm_89, which offer only 99 KiB.
+struct SmemTarget {
+  const char* name;
+  size_t bytes;
+};
+constexpr SmemTarget kSmemTargets[] = {
+    {"sm_80", 163 * 1024}, {"sm_86", 99 * 1024}, {"sm_87", 163 * 1024}, {"sm_89", 99 * 1024}, {"sm_90", 227 * 1024},
+};
+constexpr size_t kDefaultMaxDynamicSmem = 163 * 1024;  // sm_80, the smallest GPU the project is built for
+
+// MK_SIMT_MAX_DYN_SMEM = <bytes> | <target>[,<target>...] (the smallest of their limits); unset: sm_80's
+// 163 KiB. `limit_name` describes the limit for error messages.
+bool parse_smem_limit(size_t& limit, std::string& limit_name, std::string& error) {
+  const char* env = std::getenv("MK_SIMT_MAX_DYN_SMEM");
+  const std::string v = env ? env : "";
+  if (v.empty()) {
+    limit = kDefaultMaxDynamicSmem;
+    limit_name = "the sm_80 limit of " + std::to_string(limit);
+    return true;
+  }
+  if (v.find_first_not_of("0123456789") == std::string::npos && v.size() <= 12) {
+    limit = std::strtoull(v.c_str(), nullptr, 10);
+    limit_name = "the limit of " + v + " (MK_SIMT_MAX_DYN_SMEM)";
+    return true;
+  }
+  limit = SIZE_MAX;
+  for (size_t start = 0; start <= v.size();) {
+    const size_t comma = std::min(v.find(',', start), v.size());
+    const std::string t = v.substr(start, comma - start);
+    const SmemTarget* hit = nullptr;
+    for (const SmemTarget& k : kSmemTargets)
+      if (t == k.name) hit = &k;
+    if (!hit) {
+      error = "SIMT emulator: MK_SIMT_MAX_DYN_SMEM='" + v +
+              "' is not a byte count or a comma-separated list of sm_80, sm_86, sm_87, sm_89, sm_90";
+      return false;
+    }
+    if (hit->bytes < limit) {
+      limit = hit->bytes;
+      limit_name = "the " + t + " limit of " + std::to_string(limit) + " (MK_SIMT_MAX_DYN_SMEM=" + v + ")";
+    }
+    start = comma + 1;
+  }
+  return true;
+}
 
 thread_local cudaError_t tl_last_error = cudaSuccess;
 thread_local cudaError_t tl_detail_code = cudaSuccess;
@@ -163,14 +207,18 @@ cudaError_t run_grid(const LaunchSpec& spec) {
   if (g.x > 2147483647u || g.y > 65535 || g.z > 65535)
     return fail(cudaErrorInvalidConfiguration,
                 "SIMT emulator: gridDim " + dims(g) + " is invalid (x < 2^31, y and z ≤ 65535)");
-  if (spec.smem_bytes > kMaxDynamicSmem)
+  size_t smem_limit = 0;
+  std::string limit_name, error;
+  if (!parse_smem_limit(smem_limit, limit_name, error)) return fail(cudaErrorInvalidValue, error);
+  if (spec.smem_bytes > smem_limit)
     return fail(cudaErrorInvalidValue, "SIMT emulator: " + std::to_string(spec.smem_bytes) +
-                                           " bytes of dynamic shared memory exceed the sm_80 limit of " +
-                                           std::to_string(kMaxDynamicSmem));
+                                           " bytes of dynamic shared memory exceed " + limit_name + " (kernel " +
+                                           kernel_name(spec.kernel) + ")");
   Schedule schedule;
-  std::string error;
   if (!parse_schedule(schedule, error)) return fail(cudaErrorInvalidValue, error);
 
+  const bool stats = stats::enabled_by_env();
+  if (stats) stats::launch_begin(spec);
   const uint64_t blocks = uint64_t{g.x} * g.y * g.z;
   const int participants = static_cast<int>(std::min<uint64_t>(os_threads(), blocks));
   std::atomic<uint64_t> next{0};
@@ -181,7 +229,7 @@ cudaError_t run_grid(const LaunchSpec& spec) {
     BlockRunner& runner = this_thread_runner();
     Failure failure;
     for (uint64_t blk; !failed.load(std::memory_order_relaxed) && (blk = next.fetch_add(1)) < blocks;) {
-      if (!runner.run(spec, schedule, blk, failure)) {
+      if (!runner.run(spec, schedule, blk, failure, stats)) {
         std::lock_guard<std::mutex> lock(failure_mutex);
         if (!failed.exchange(true)) first = failure;
         return;
@@ -192,6 +240,7 @@ cudaError_t run_grid(const LaunchSpec& spec) {
     job();
   else
     pool().run(participants, std::function<void()>(job));
+  if (stats) stats::launch_end();
   if (failed.load()) return fail(first.code, first.message + "\n  (schedule " + schedule_name(schedule) + ")");
   return cudaSuccess;
 }

@@ -7,6 +7,9 @@
 #include "emu_fp16.h"
 #include "emu_warp.h"
 
+#include "emu_block.h"
+#include "emu_stats.h"
+
 namespace simt::emu {
 namespace {
 
@@ -185,6 +188,13 @@ void combine_ldmatrix(LaneSlot* lanes, int nlanes) {
       }
       std::memcpy(M[i][r], reinterpret_cast<const void*>(addr), 16);
     }
+  if (BlockRunner* runner = BlockRunner::active()) {  // MK_SIMT_STATS: one shared-memory phase per matrix
+    for (int i = 0; i < NUM; ++i) {
+      uintptr_t rows[8];
+      for (int r = 0; r < 8; ++r) rows[r] = load_in<uint64_t>(lanes[8 * i + r]);
+      stats::ldmatrix_phase(rows, runner->current_loc());
+    }
+  }
   for (int lane = 0; lane < 32; ++lane) {
     const int g = lane >> 2, t = lane & 3;
     uint32_t out[4] = {0, 0, 0, 0};

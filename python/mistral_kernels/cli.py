@@ -16,18 +16,48 @@ import argparse
 import contextlib
 import io
 import os
+import warnings
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     import torch
 
     from .parallel import ParallelContext
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+_DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
+
+
+class UsageError(Exception):
+    """A user error found after parsing: ``main`` prints it as one line on stderr and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a parse error as one line on stderr (exit 2), not the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {text}")
+    return value
+
+
+def _utf8(flag: str, text: str) -> str:
+    """``text`` unchanged if it is valid UTF-8; an argv that was not is decoded by Python with lone
+    surrogates (U+DC80 + byte), which the tokenizers cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        byte = ord(text[e.start]) - 0xDC00
+        raise UsageError(f"{flag} is not valid UTF-8 (byte 0x{byte:02x} at character {e.start})") from None
+    return text
 
 
 def _positive(kind: type) -> object:
@@ -42,7 +72,7 @@ def _positive(kind: type) -> object:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (every flag documented in README, section "Generation")."""
-    parser = argparse.ArgumentParser(prog="mistral-kernels",
+    parser = _Parser(prog="mistral-kernels",
                                      description="Generate text with Mistral-family models on mistral-kernels ops.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -60,10 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x max probability (0 = off)")
     g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 penalizes repeated tokens (1 = off)")
-    g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--seed", type=_seed, default=None, help="seed for reproducible sampling, in [0, 2**63)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
-    g.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="weights/KV dtype (float32)")
+    g.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
+                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--max-batch", type=_positive(int), default=8, help="sequences per engine step (8)")
     g.add_argument("--block-size", type=_positive(int), default=16, help="KV cache block size in tokens (16)")
@@ -86,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
     i.add_argument("--model", help="as for generate (default: the default model)")
-    i.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="dtype for the byte counts")
+    i.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
+                   help="dtype for the byte counts (auto = the checkpoint's own)")
     i.add_argument("--context", type=_positive(int), default=4096, help="context length for FLOPs/token (4096)")
     i.add_argument("--tp", type=_positive(int), default=1, help="also show the weights and KV bytes per rank "
                                                                 "for N tensor-parallel ranks")
@@ -96,17 +128,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _read_prompts(args: argparse.Namespace) -> list[str]:
-    prompts = list(args.prompt)
+    prompts = [_utf8("--prompt", p) for p in args.prompt]
     if args.prompts_file:
         path = Path(args.prompts_file)
+        if not path.exists():
+            raise UsageError(f"--prompts-file {path} does not exist")
         if not path.is_file():
-            raise SystemExit(f"mistral-kernels: --prompts-file {path} does not exist")
-        prompts += [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise UsageError(f"--prompts-file {path} is not a regular file")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--prompts-file {path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                             f"{e.start})") from None
+        except OSError as e:
+            raise UsageError(f"--prompts-file {path}: {e.strerror}") from None
+        prompts += [line for line in text.splitlines() if line.strip()]
     if not prompts:
-        raise SystemExit("mistral-kernels: give at least one --prompt or a --prompts-file")
+        raise UsageError("give at least one --prompt or a --prompts-file")
     if args.system is not None and not args.chat:
-        raise SystemExit("mistral-kernels: --system needs --chat")
+        raise UsageError("--system needs --chat")
+    if args.system is not None:
+        _utf8("--system", args.system)
+    for stop in args.stop:
+        _utf8("--stop", stop)
     return prompts
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The sampling flags, checked before the model loads."""
+    from .sampling import SamplingParams
+
+    try:
+        SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                       seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        flag = "--" + str(e).split()[0].replace("_", "-")
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def _peak_memory(device: str) -> str:
@@ -121,9 +179,8 @@ def _peak_memory(device: str) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
-    import torch
-
-    dtype = getattr(torch, _DTYPES[args.dtype])
+    _check_sampling(args)
+    dtype = _dtype(args.dtype)
     parallel, device = None, args.device
     if args.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from .parallel import ParallelContext
@@ -155,7 +212,7 @@ def _rank_output(parallel: ParallelContext | None) -> Iterator[None]:
 
 
 def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: ParallelContext | None, device: str,
-                 dtype: torch.dtype) -> int:
+                 dtype: torch.dtype | None) -> int:
     from .llm import LLM
 
     quiet = parallel is not None and not parallel.is_first
@@ -164,7 +221,7 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
         llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
-                  enforce_eager=args.enforce_eager)
+                  progress=not quiet, enforce_eager=args.enforce_eager)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
@@ -200,8 +257,6 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
 
 
 def _info(args: argparse.Namespace) -> int:
-    import torch
-
     if args.model is None:
         from .default_model import default_model_path
 
@@ -209,13 +264,14 @@ def _info(args: argparse.Namespace) -> int:
     else:
         path = Path(args.model)
     from .config import load_config
+    from .weights import default_dtype
 
     try:
         c = load_config(path)
+        dtype = _dtype(args.dtype) or default_dtype(path)
     except (ValueError, FileNotFoundError) as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2
-    dtype = getattr(torch, _DTYPES[args.dtype])
     elem = dtype.itemsize
     total, active = c.num_parameters(), c.num_parameters(active_only=True)
     kv = c.kv_bytes_per_token(dtype)
@@ -223,12 +279,13 @@ def _info(args: argparse.Namespace) -> int:
     for key, value in vars(c).items():
         print(f"  {key}: {value}")
     print(f"parameters: total {total:,} ({total / 1e9:.3f} B), active per token {active:,} ({active / 1e9:.3f} B)")
-    print(f"weights: {total * elem / 2**30:.3f} GiB in {args.dtype}")
+    name = str(dtype).removeprefix("torch.")
+    print(f"weights: {total * elem / 2**30:.3f} GiB in {name}")
     print(f"FLOPs per token: {c.flops_per_token(1):,} at context 1, {c.flops_per_token(args.context):,} at "
           f"context {args.context}")
     window = f" (sliding window {c.sliding_window}: at most {c.sliding_window * kv / 2**20:.1f} MiB per sequence)" \
         if c.sliding_window else ""
-    print(f"KV cache: {kv:,} bytes per token in {args.dtype}{window}")
+    print(f"KV cache: {kv:,} bytes per token in {name}{window}")
     if args.tp > 1:
         from .parallel import local_config, parameters_per_rank
 
@@ -240,30 +297,49 @@ def _info(args: argparse.Namespace) -> int:
         kv_rank = local_config(c, 0, args.tp, args.moe_parallel).kv_bytes_per_token(dtype)
         moe = f", {args.moe_parallel}-parallel experts" if c.is_moe else ""
         print(f"tensor parallel {args.tp}{moe}: per rank {per_rank:,} parameters ({per_rank / 1e9:.3f} B), "
-              f"{per_rank * elem / 2**30:.3f} GiB in {args.dtype}, KV cache {kv_rank:,} bytes per token")
+              f"{per_rank * elem / 2**30:.3f} GiB in {name}, KV cache {kv_rank:,} bytes per token")
     return 0
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a ``--dtype`` choice; None for auto (the checkpoint's own)."""
+    import torch
+
+    return None if _DTYPES[name] == "auto" else getattr(torch, _DTYPES[name])
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: object = None, line: str | None = None) -> None:
+    """Warnings as one line on stderr, without the source location (they are for users, not developers)."""
+    print(f"mistral-kernels: warning: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mistral-kernels`` script."""
     args = build_parser().parse_args(argv)
-    if args.command == "generate":
-        return _generate(args)
-    if args.command == "serve":
-        return _serve(args)
-    return _info(args)
+    warnings.showwarning = _show_warning
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "serve":
+            return _serve(args)
+        return _info(args)
+    except UsageError as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the engine has aborted the interrupted requests (LLM.generate / stream)
+        print("mistral-kernels: interrupted", file=sys.stderr)
+        return 130
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import torch
-
     try:
         from .serve.server import serve_main
     except ImportError as e:
         print(f"mistral-kernels serve: {e}; install the serve extra: pip install 'mistral-kernels[serve]'",
               file=sys.stderr)
         return 2
-    return serve_main(args, getattr(torch, _DTYPES[args.dtype]))
+    return serve_main(args, _dtype(args.dtype))
 
 
 if __name__ == "__main__":

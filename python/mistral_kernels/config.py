@@ -12,13 +12,15 @@ V vocab, E experts, k top-k, L layers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .config_fields import Fields
+from .errors import CheckpointError
 from .formats import detect_format, open_tensors, read_json
 from .gguf_metadata import read_gguf_header
 from .rope_scaling import RopeScaling, parse_rope_scaling
@@ -29,7 +31,7 @@ HF_MODEL_TYPES = ("mistral", "ministral", "mixtral", "llama")
 GGUF_ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE frequency divisors [R/2]
 
 
-class UnsupportedCheckpointError(ValueError):
+class UnsupportedCheckpointError(CheckpointError):
     """The checkpoint describes a model this package does not implement (bias, rope scaling, ...)."""
 
 
@@ -186,65 +188,72 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ builders from checkpoints
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelConfig:
+    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
         """From a transformers ``config.json`` (model_type mistral / ministral / mixtral / llama); HF q/k → neox RoPE.
 
         RoPE: transformers 4.x spells ``rope_theta`` + ``rope_scaling``, 5.x one ``rope_parameters`` dict; both
         are read. Windows: ``sliding_window`` (null = none; ``use_sliding_window: false`` disables it) applies
-        to the layers that ``layer_types`` marks ``sliding_attention`` (all layers when absent).
+        to the layers that ``layer_types`` marks ``sliding_attention`` (all layers when absent). Sizes are
+        range-checked (:mod:`mistral_kernels.config_fields`); errors name ``source``.
         """
+        f = Fields(cfg, source)
         model_type = cfg.get("model_type")
         if model_type not in HF_MODEL_TYPES:
             raise UnsupportedCheckpointError(
-                f"config.json: model_type={model_type!r} is not supported ({', '.join(HF_MODEL_TYPES)})")
+                f"{source}: model_type={model_type!r} is not supported ({', '.join(HF_MODEL_TYPES)})")
         for flag in ("attention_bias", "mlp_bias"):
             if cfg.get(flag):
-                raise UnsupportedCheckpointError(f"config.json: {flag}=true is not supported (no biases in this model)")
+                raise UnsupportedCheckpointError(f"{source}: {flag}=true is not supported (no biases in this model)")
         if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedCheckpointError(f"config.json: hidden_act={cfg['hidden_act']!r}, only 'silu' is supported")
+            raise UnsupportedCheckpointError(f"{source}: hidden_act={cfg['hidden_act']!r}, only 'silu' is supported")
         rope = cfg.get("rope_parameters") or {}  # transformers 5.x; 4.x has rope_theta / rope_scaling at top level
+        scaling_spec = cfg.get("rope_scaling") or rope
+        if not isinstance(rope, Mapping) or not isinstance(scaling_spec, Mapping):
+            raise CheckpointError(f"{source}: rope_parameters / rope_scaling must be objects")
         if any(isinstance(v, Mapping) for v in rope.values()):
-            raise UnsupportedCheckpointError(f"config.json: per-layer-type rope_parameters {rope} are not supported "
+            raise UnsupportedCheckpointError(f"{source}: per-layer-type rope_parameters {rope} are not supported "
                                              "(one RoPE for all layers)")
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        theta = Fields(rope, f"{source} rope_parameters").float("rope_theta", "rope_theta", None) \
+            if rope.get("rope_theta") is not None else f.float("rope_theta", "rope_theta", 10000.0)
         partial = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
         if partial != 1.0:
-            raise UnsupportedCheckpointError(f"config.json: partial_rotary_factor={partial} is not supported (1.0)")
-        max_position = cfg.get("max_position_embeddings", 32768)
+            raise UnsupportedCheckpointError(f"{source}: partial_rotary_factor={partial} is not supported (1.0)")
+        max_position = f.int("max_position_embeddings", "max_position", 32768)
         try:
-            scaling = parse_rope_scaling(cfg.get("rope_scaling") or rope, max_position, "config.json")
-        except (ValueError, KeyError) as e:
-            raise UnsupportedCheckpointError(f"config.json: RoPE scaling not usable: {e}") from e
-        heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
-        experts = cfg.get("num_local_experts", 0) if model_type == "mixtral" else 0
-        window = cfg.get("sliding_window") if model_type != "llama" else None
+            scaling = parse_rope_scaling(scaling_spec, max_position, source)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UnsupportedCheckpointError(f"{source}: RoPE scaling not usable: {e}") from e
+        heads = f.int("num_attention_heads", "n_heads")
+        dim = f.int("hidden_size", "dim")
+        layers = f.int("num_hidden_layers", "n_layers")
+        experts = f.int("num_local_experts", "num_experts", 0) if model_type == "mixtral" else 0
+        window = f.int("sliding_window", "sliding_window", None) if model_type != "llama" else None
         if window is not None and cfg.get("use_sliding_window") is False:
             window = None
-        windows = _hf_layer_windows(cfg.get("layer_types"), window, cfg["num_hidden_layers"])
-        return cls(
-            dim=cfg["hidden_size"],
-            n_layers=cfg["num_hidden_layers"],
+        windows = _hf_layer_windows(cfg.get("layer_types"), window, layers, source)
+        return _build(source, lambda: cls(
+            dim=dim,
+            n_layers=layers,
             n_heads=heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            hidden_dim=cfg["intermediate_size"],
-            vocab_size=cfg["vocab_size"],
-            norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
+            n_kv_heads=f.int("num_key_value_heads", "n_kv_heads", heads),
+            head_dim=f.int("head_dim", "head_dim", dim // heads),
+            hidden_dim=f.int("intermediate_size", "hidden_dim"),
+            vocab_size=f.int("vocab_size", "vocab_size"),
+            norm_eps=f.float("rms_norm_eps", "norm_eps", 1e-6),
+            rope_theta=theta,
             rope_is_neox=True,
             rope_scaling=scaling,
             sliding_window=window,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=experts,
-            top_k=cfg.get("num_experts_per_tok", 0) if experts else 0,
+            top_k=f.int("num_experts_per_tok", "top_k", 0) if experts else 0,
             max_position=max_position,
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=_as_tuple(eos),
-        ).with_layer_windows(windows)
+            bos_token_id=_token_id(cfg.get("bos_token_id"), source),
+            eos_token_ids=_as_tuple(cfg.get("eos_token_id"), source),
+        ).with_layer_windows(windows))
 
     @classmethod
-    def from_params_json(cls, params: dict[str, Any]) -> ModelConfig:
+    def from_params_json(cls, params: dict[str, Any], source: str = "params.json") -> ModelConfig:
         """From a Mistral consolidated ``params.json``; consolidated q/k → interleaved RoPE.
 
         params.json does not state a maximum length; ``max_seq_len`` is used when present, else 32768.
@@ -252,39 +261,47 @@ class ModelConfig:
         ``sliding_window`` may be a number, null, or a list of per-layer windows repeated over the layers
         (layer n uses entry n mod len; interleaved windows as in Ministral-8B).
         """
+        f = Fields(params, source)
         if params.get("rope_scaling") or params.get("yarn"):
-            raise UnsupportedCheckpointError("params.json: RoPE scaling (rope_scaling / yarn) is not supported in "
+            raise UnsupportedCheckpointError(f"{source}: RoPE scaling (rope_scaling / yarn) is not supported in "
                                              "the consolidated format; use the model's HF config.json checkpoint")
         moe = params.get("moe") or {}
-        heads = params["n_heads"]
-        layers = params["n_layers"]
+        if not isinstance(moe, Mapping):
+            raise CheckpointError(f"{source}: moe must be an object, got {moe!r}")
+        m = Fields(moe, f"{source} moe")
+        heads = f.int("n_heads", "n_heads")
+        dim = f.int("dim", "dim")
+        layers = f.int("n_layers", "n_layers")
         pattern = params.get("sliding_window")
         if isinstance(pattern, list):
             if not pattern:
-                raise UnsupportedCheckpointError("params.json: sliding_window is an empty list")
+                raise UnsupportedCheckpointError(f"{source}: sliding_window is an empty list")
+            pattern = [Fields({"sliding_window": w}, source).int("sliding_window", "sliding_window", None)
+                       for w in pattern[:layers]]
             windows = tuple(pattern[n % len(pattern)] for n in range(layers))
         else:
-            windows = (pattern,) * layers
-        return cls(
-            dim=params["dim"],
+            windows = (f.int("sliding_window", "sliding_window", None),) * layers
+        return _build(source, lambda: cls(
+            dim=dim,
             n_layers=layers,
             n_heads=heads,
-            n_kv_heads=params.get("n_kv_heads", heads),
-            head_dim=params.get("head_dim") or params["dim"] // heads,
-            hidden_dim=params["hidden_dim"],
-            vocab_size=params["vocab_size"],
-            norm_eps=params.get("norm_eps", 1e-5),
-            rope_theta=float(params.get("rope_theta") or 1e6),  # mistral-inference's default when absent
+            n_kv_heads=f.int("n_kv_heads", "n_kv_heads", heads),
+            head_dim=f.int("head_dim", "head_dim", dim // heads),
+            hidden_dim=f.int("hidden_dim", "hidden_dim"),
+            vocab_size=f.int("vocab_size", "vocab_size"),
+            norm_eps=f.float("norm_eps", "norm_eps", 1e-5),
+            rope_theta=f.float("rope_theta", "rope_theta", 1e6),  # mistral-inference's default when absent
             rope_is_neox=False,
             tie_embeddings=bool(params.get("tied_embeddings", False)),
-            num_experts=moe.get("num_experts", 0),
-            top_k=moe.get("num_experts_per_tok", 0),
-            max_position=params.get("max_seq_len", 32768),
-        ).with_layer_windows(windows)  # no special tokens in params.json: the tokenizer file states them
+            num_experts=m.int("num_experts", "num_experts", 0),
+            top_k=m.int("num_experts_per_tok", "top_k", 0),
+            max_position=f.int("max_seq_len", "max_position", 32768),
+        ).with_layer_windows(windows))  # no special tokens in params.json: the tokenizer file states them
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], tensor_names: Collection[str],
-                           rope_freq_factors: tuple[float, ...] | None = None) -> ModelConfig:
+                           rope_freq_factors: tuple[float, ...] | None = None,
+                           source: str = "GGUF metadata") -> ModelConfig:
         """From a GGUF file's metadata and tensor names (llama architecture: Llama, Mistral, Mixtral).
 
         Both come from :func:`mistral_kernels.gguf_metadata.read_gguf_header`. GGUF q/k weights are stored
@@ -292,50 +309,44 @@ class ModelConfig:
         ``output.weight`` tensor. A ``rope_freqs.weight`` tensor (llama.cpp's form of Llama 3.1's RoPE
         scaling) is data, not metadata: :func:`load_config` reads it and passes ``rope_freq_factors``.
         """
-
-        def get(key: str, default: Any = ...) -> Any:
-            if key in metadata:
-                return metadata[key]
-            if default is ...:
-                raise UnsupportedCheckpointError(f"GGUF metadata: required key {key!r} is missing")
-            return default
-
-        arch = get("general.architecture")
+        f = Fields(metadata, source)
+        arch = metadata.get("general.architecture")
         if arch != "llama":
-            raise UnsupportedCheckpointError(f"GGUF: general.architecture={arch!r} is not supported (llama)")
-        scaling = get(f"{arch}.rope.scaling.type", "none")
+            raise UnsupportedCheckpointError(f"{source}: general.architecture={arch!r} is not supported (llama)")
+        scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
         if scaling != "none":
-            raise UnsupportedCheckpointError(f"GGUF: RoPE scaling {scaling!r} is not supported")
-        dim = int(get(f"{arch}.embedding_length"))
-        heads = int(get(f"{arch}.attention.head_count"))
-        head_dim = int(get(f"{arch}.attention.key_length", dim // heads))
-        rot = int(get(f"{arch}.rope.dimension_count", head_dim))
-        vocab = get(f"{arch}.vocab_size", None)
+            raise UnsupportedCheckpointError(f"{source}: RoPE scaling {scaling!r} is not supported")
+        dim = f.int(f"{arch}.embedding_length", "dim")
+        heads = f.int(f"{arch}.attention.head_count", "n_heads")
+        head_dim = f.int(f"{arch}.attention.key_length", "head_dim", dim // heads)
+        rot = f.int(f"{arch}.rope.dimension_count", "rotary_dim", head_dim)
+        vocab = f.int(f"{arch}.vocab_size", "vocab_size", None)
         if vocab is None:
-            vocab = len(get("tokenizer.ggml.tokens"))
-        experts = int(get(f"{arch}.expert_count", 0))
-        eos = get("tokenizer.ggml.eos_token_id", None)
-        return cls(
+            tokens = f.raw("tokenizer.ggml.tokens")
+            vocab = Fields({"vocab": len(tokens) if isinstance(tokens, list) else tokens}, source).int(
+                "vocab", "vocab_size")
+        experts = f.int(f"{arch}.expert_count", "num_experts", 0)
+        return _build(source, lambda: cls(
             dim=dim,
-            n_layers=int(get(f"{arch}.block_count")),
+            n_layers=f.int(f"{arch}.block_count", "n_layers"),
             n_heads=heads,
-            n_kv_heads=int(get(f"{arch}.attention.head_count_kv", heads)),
+            n_kv_heads=f.int(f"{arch}.attention.head_count_kv", "n_kv_heads", heads),
             head_dim=head_dim,
-            hidden_dim=int(get(f"{arch}.feed_forward_length")),
-            vocab_size=int(vocab),
-            norm_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
+            hidden_dim=f.int(f"{arch}.feed_forward_length", "hidden_dim"),
+            vocab_size=vocab,
+            norm_eps=f.float(f"{arch}.attention.layer_norm_rms_epsilon", "norm_eps", 1e-5),
+            rope_theta=f.float(f"{arch}.rope.freq_base", "rope_theta", 10000.0),
             rope_is_neox=False,
             rotary_dim=rot if rot != head_dim else None,
             rope_scaling=None if rope_freq_factors is None else RopeScaling("freq_factors", 1.0,
                                                                             freq_factors=rope_freq_factors),
             tie_embeddings="output.weight" not in tensor_names,
             num_experts=experts,
-            top_k=int(get(f"{arch}.expert_used_count", 0)) if experts else 0,
-            max_position=int(get(f"{arch}.context_length", 32768)),
-            bos_token_id=get("tokenizer.ggml.bos_token_id", None),
-            eos_token_ids=_as_tuple(eos),
-        )
+            top_k=f.int(f"{arch}.expert_used_count", "top_k", 0) if experts else 0,
+            max_position=f.int(f"{arch}.context_length", "max_position", 32768),
+            bos_token_id=_token_id(metadata.get("tokenizer.ggml.bos_token_id"), source),
+            eos_token_ids=_as_tuple(metadata.get("tokenizer.ggml.eos_token_id"), source),
+        ))
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -425,21 +436,35 @@ def load_config(path: str | Path) -> ModelConfig:
     Raises
     ------
     CheckpointError
-        The path holds no known format (:func:`mistral_kernels.formats.detect_format`).
+        The path holds no known format (:func:`mistral_kernels.formats.detect_format`), the config file is
+        unreadable, or a field is missing or out of range (:mod:`mistral_kernels.config_fields`); the message
+        names the file and the field.
     UnsupportedCheckpointError
-        The config describes a model this package does not implement.
+        (a CheckpointError) The config describes a model this package does not implement.
     """
     p = Path(path)
     fmt = detect_format(p)
     if fmt == "hf":
-        return ModelConfig.from_hf_config(read_json(p / "config.json"))
+        return ModelConfig.from_hf_config(read_json(p / "config.json"), str(p / "config.json"))
     if fmt == "consolidated":
-        return ModelConfig.from_params_json(read_json(p / "params.json"))
+        return ModelConfig.from_params_json(read_json(p / "params.json"), str(p / "params.json"))
     header = read_gguf_header(p)
     factors = None
     if GGUF_ROPE_FREQS in header.tensor_shapes:  # a tensor read only for files that have it (Llama 3.x)
-        factors = tuple(float(f) for f in open_tensors(p, "gguf").read(GGUF_ROPE_FREQS).flatten().tolist())
-    return ModelConfig.from_gguf_metadata(header.metadata, header.tensor_shapes.keys(), factors)
+        with open_tensors(p, "gguf") as source:
+            factors = tuple(float(f) for f in source.read(GGUF_ROPE_FREQS).flatten().tolist())
+    return ModelConfig.from_gguf_metadata(header.metadata, header.tensor_shapes.keys(), factors, str(p))
+
+
+def _build(source: str, make: Callable[[], ModelConfig]) -> ModelConfig:
+    """``make()``, with the consistency errors of :class:`ModelConfig` (heads not dividing, top_k > experts,
+    ...) as CheckpointErrors naming ``source``."""
+    try:
+        return make()
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from e
 
 
 def bounding_window(windows: Collection[int | None]) -> int | None:
@@ -452,24 +477,33 @@ def bounding_window(windows: Collection[int | None]) -> int | None:
     return max(w for w in windows if w is not None)
 
 
-def _hf_layer_windows(layer_types: Any, window: int | None, n_layers: int) -> tuple[int | None, ...]:
+def _hf_layer_windows(layer_types: Any, window: int | None, n_layers: int,
+                      source: str = "config.json") -> tuple[int | None, ...]:
     """Per-layer windows from HF ``layer_types`` ('sliding_attention' → ``window``, 'full_attention' → None)."""
     if layer_types is None:
         return (window,) * n_layers
     if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-        raise UnsupportedCheckpointError(f"config.json: layer_types must be a list of num_hidden_layers={n_layers} "
+        raise UnsupportedCheckpointError(f"{source}: layer_types must be a list of num_hidden_layers={n_layers} "
                                          f"entries, got {layer_types!r}")
     known = {"sliding_attention": window, "full_attention": None}
-    unknown = sorted({t for t in layer_types if t not in known})
+    unknown = sorted({repr(t) for t in layer_types if not (isinstance(t, str) and t in known)})
     if unknown:
-        raise UnsupportedCheckpointError(f"config.json: layer_types {unknown} are not supported "
+        raise UnsupportedCheckpointError(f"{source}: layer_types {unknown} are not supported "
                                          "(sliding_attention, full_attention)")
     return tuple(known[t] for t in layer_types)
 
 
-def _as_tuple(ids: Any) -> tuple[int, ...]:
+def _token_id(value: Any, source: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise CheckpointError(f"{source}: token id {value!r} must be a non-negative integer")
+    return value
+
+
+def _as_tuple(ids: Any, source: str = "config") -> tuple[int, ...]:
     if ids is None:
         return ()
     if isinstance(ids, (list, tuple)):
-        return tuple(int(i) for i in ids)
-    return (int(ids),)
+        return tuple(_token_id(i, source) or 0 for i in ids)
+    return (_token_id(ids, source) or 0,)

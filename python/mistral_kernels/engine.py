@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .cache import BlockManager
+from .logprobs import TokenLogprob
 from .output import Completion, OutputProcessor
 from .request import Request, RequestTimings
 from .runner import ModelRunner, PagedModel
@@ -104,8 +105,8 @@ class Engine:
         return self.scheduler.max_tokens_per_step
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
-        """Queue a request; it joins the batch at the next :meth:`step`. Returns its id.
+    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> list[int]:
+        """Validate a request without queueing it; returns its prompt as a list of ints.
 
         Raises
         ------
@@ -126,6 +127,18 @@ class Engine:
             raise ValueError(f"add_request: prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
                              f"= {total} exceeds the model's max_position {self.config.max_position}")
         self.scheduler.check_fits(len(ids), params.max_new_tokens)
+        return ids
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
+        """Queue a request; it joins the batch at the next :meth:`step`. Returns its id.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`check_request`; nothing is queued then.
+        """
+        params = params or SamplingParams()
+        ids = self.check_request(prompt_ids, params)
         request = Request(self._next_id, ids, params, self.runner.generator_for(params),
                           RequestTimings(arrival=time.perf_counter()))
         self._next_id += 1
@@ -165,6 +178,11 @@ class Engine:
         part of a stop string is held back until it cannot."""
         return self.output.drain_text(rid)
 
+    def drain_logprobs(self, rid: int) -> list[TokenLogprob]:
+        """Log-probabilities of the tokens generated since the last call (for streaming; empty unless the
+        request's params ask for ``logprobs``)."""
+        return self.output.drain_logprobs(rid)
+
     # ------------------------------------------------------------------ one step
     def step(self) -> list[int]:
         """Run one forward over the scheduled mix; returns the ids of requests that finished in it."""
@@ -180,7 +198,7 @@ class Engine:
         sampled = self.runner.execute(plan)
         now = time.perf_counter()
         self.scheduler.commit(plan)
-        finished = self.output.process(plan.sampling_requests, sampled, now)
+        finished = self.output.process(plan.sampling_requests, sampled, now, self.runner.logprobs)
         self.last_sampled = [r.rid for r in plan.sampling_requests]
         for r in finished:
             self.scheduler.finish(r)
@@ -189,9 +207,57 @@ class Engine:
         self.stats.record_step(plan, len(sampled), now - t0, self._traffic)
         return [r.rid for r in finished]
 
+    def has_request(self, rid: int) -> bool:
+        """The request is queued, running, or finished and not yet popped."""
+        return self.output.has(rid)
+
     def run(self, rids: Sequence[int] | None = None) -> list[Completion]:
-        """Step until the given requests (default: all) finish; return their completions in id order."""
+        """Step until the given requests (default: all) finish; return their completions in id order.
+
+        If a step raises (or the call is interrupted, e.g. KeyboardInterrupt), the given requests are aborted
+        before the exception propagates: their KV blocks return to the pool and nothing of them is kept.
+
+        Raises
+        ------
+        ValueError
+            An id that is not in the engine (never added, already popped or aborted).
+        """
         wanted = list(rids) if rids is not None else self.scheduler.request_ids() + list(self._finished)
-        while any(not self.is_finished(rid) for rid in wanted):
-            self.step()
-        return [self.pop_completion(rid) for rid in sorted(wanted)]
+        unknown = [rid for rid in wanted if not self.has_request(rid)]
+        if unknown:
+            raise ValueError(f"Engine.run: no request with id(s) {unknown[:5]} (never added, popped or aborted)")
+        try:
+            while any(not self.is_finished(rid) for rid in wanted):
+                self.step()
+            return [self.pop_completion(rid) for rid in sorted(wanted)]
+        except BaseException:
+            self.abort_all(wanted)
+            raise
+
+    def generate(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[Completion]:
+        """Validate every (prompt ids, params) first (nothing is queued if one is bad), then queue and
+        :meth:`run` them all; completions in the given order. A failed or interrupted call leaves the engine
+        as it found it (its requests aborted, their blocks freed).
+
+        Raises
+        ------
+        ValueError
+            ``requests[i]`` is invalid (see :meth:`check_request`); the message names i.
+        """
+        for i, (ids, params) in enumerate(requests):
+            try:
+                self.check_request(ids, params)
+            except ValueError as e:
+                raise ValueError(f"request {i}: {e}") from e
+        rids: list[int] = []
+        try:
+            for ids, params in requests:
+                rids.append(self.add_request(ids, params))
+        except BaseException:
+            self.abort_all(rids)
+            raise
+        return self.run(rids)  # rids increase, so id order is the given order
+
+    def abort_all(self, rids: Sequence[int]) -> int:
+        """:meth:`abort` each request; returns how many existed."""
+        return sum(self.abort(rid) for rid in rids)

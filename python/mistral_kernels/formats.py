@@ -17,37 +17,77 @@ tensors under the file's own names (renaming and fusing happen in :mod:`mistral_
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable
+import mmap
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from .errors import CheckpointError
 from .gguf_metadata import read_gguf_header
+from .tensor_io import Index, TensorInfo, gguf_tensors, map_tensors, read_into, safetensors_tensors, selected_shape
 
-__all__ = ["FORMATS", "CheckpointError", "TensorSource", "detect_format", "open_tensors", "read_json"]
+__all__ = ["FORMATS", "CheckpointError", "Index", "TensorInfo", "TensorSource", "detect_format", "open_tensors",
+           "read_json"]
 
 FORMATS = ("hf", "consolidated", "gguf")
-Index = tuple[slice, ...]  # one slice per dim: the part of a tensor to read (tensor-parallel shards)
-
-
-class CheckpointError(ValueError):
-    """The checkpoint cannot be loaded: unknown format, or tensors missing / unexpected / mis-shaped."""
 
 
 @dataclass
 class TensorSource:
-    """The tensors of a checkpoint: name → shape (known without reading data), and a reader
-    ``read(name, index=None)`` returning fp32 or native-dtype tensors (``index``: read only that part).
-    ``closers`` must be closed when done (open file handles)."""
+    """The tensors of a checkpoint under the file's own names (headers validated; no data read yet).
 
-    shapes: dict[str, tuple[int, ...]]
-    read: Callable[..., torch.Tensor]
-    closers: list[contextlib.AbstractContextManager] = field(default_factory=list)
+    ``read_into(name, out, index=None)`` fills ``out`` with the tensor (or the part ``index`` selects) in
+    ``out``'s dtype and device; ``read(name, index=None)`` returns a new tensor of the stored dtype (fp32 for
+    GGUF quantized types); ``map(names, dtype)`` views tensors stored back to back in ``dtype`` through a
+    private memory map (:func:`mistral_kernels.tensor_io.map_tensors`), or gives None. Use as a context
+    manager, or call :meth:`close`: it holds the files open (maps live on in the tensors viewing them).
+    """
+
+    tensors: dict[str, TensorInfo]
+    _fds: dict[Path, int] = field(default_factory=dict)
+    _maps: dict[Path, mmap.mmap] = field(default_factory=dict)
+
+    def map(self, names: list[str], dtype: torch.dtype) -> torch.Tensor | None:
+        try:
+            return map_tensors([self.tensors[n] for n in names], dtype, self._maps)
+        except OSError as e:
+            raise CheckpointError(f"{self.tensors[names[0]].file}: cannot map: {e}") from e
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: t.shape for name, t in self.tensors.items()}
+
+    def read_into(self, name: str, out: torch.Tensor, index: Index | None = None) -> None:
+        info = self.tensors[name]
+        fd = self._fds.get(info.file)
+        if fd is None:
+            try:
+                fd = self._fds[info.file] = os.open(info.file, os.O_RDONLY)
+            except OSError as e:
+                raise CheckpointError(f"{info.file}: cannot open: {e}") from e
+        read_into(fd, info, out, index)
+
+    def read(self, name: str, index: Index | None = None) -> torch.Tensor:
+        info = self.tensors[name]
+        out = torch.empty(selected_shape(info.shape, index), dtype=info.dtype)
+        self.read_into(name, out, index)
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._maps.clear()  # dropped, not closed: the weights viewing a map keep it
+
+    def __enter__(self) -> TensorSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def detect_format(path: str | Path) -> str:
@@ -56,16 +96,23 @@ def detect_format(path: str | Path) -> str:
     Raises
     ------
     CheckpointError
-        The path does not exist, or holds none of the formats (the message lists what it found).
+        The path does not exist, is not a regular file or directory, or holds none of the formats (the
+        message lists what it found).
     """
     p = Path(path)
     if p.is_file():
-        with p.open("rb") as f:
-            if f.read(4) == b"GGUF":
-                return "gguf"
+        try:
+            with p.open("rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise CheckpointError(f"{p}: cannot read: {e}") from e
+        if magic == b"GGUF":
+            return "gguf"
         raise CheckpointError(f"{p} is a file but not a GGUF file (no 'GGUF' magic); pass a .gguf file or a "
                               "checkpoint directory")
     if not p.is_dir():
+        if p.exists():
+            raise CheckpointError(f"checkpoint path {p} is not a regular file or a directory")
         raise CheckpointError(f"checkpoint path {p} does not exist")
     if (p / "config.json").is_file() and _hf_files(p):
         return "hf"
@@ -77,27 +124,55 @@ def detect_format(path: str | Path) -> str:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON file's object (config.json, params.json)."""
-    return json.loads(path.read_text())
+    """A JSON file's object (config.json, params.json, the shard index).
+
+    Raises
+    ------
+    CheckpointError
+        The file cannot be read, is not UTF-8 JSON, or does not hold an object (the message names the file).
+    """
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not a readable JSON file ({type(e).__name__}: {e})") from e
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def open_tensors(path: str | Path, fmt: str) -> TensorSource:
-    """The tensors of the checkpoint at ``path`` in format ``fmt`` (from :func:`detect_format`)."""
+    """The tensors of the checkpoint at ``path`` in format ``fmt`` (from :func:`detect_format`).
+
+    Raises
+    ------
+    CheckpointError
+        A header is corrupt (see :mod:`mistral_kernels.tensor_io`), a shard is missing, or the same tensor
+        name appears in two shards.
+    """
     p = Path(path)
     if fmt == "hf":
         return _safetensors_source(_hf_files(p))
     if fmt == "consolidated":
         return _safetensors_source(_consolidated_files(p))
     if fmt == "gguf":
-        return _gguf_source(p)
+        return TensorSource(gguf_tensors(p, read_gguf_header(p)))
     raise ValueError(f"open_tensors: fmt must be one of {FORMATS}, got {fmt!r}")
 
 
 def _hf_files(p: Path) -> list[Path]:
+    """The safetensors files of an HF directory: those the index names (inside the directory), else all."""
     index = p / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = read_json(index)["weight_map"]
-        return [p / f for f in sorted(set(weight_map.values()))]
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must be an object of tensor name → file name")
+        files = []
+        for name in sorted(set(weight_map.values())):
+            parts = Path(os.path.normpath(name)).parts  # lexical: shards may be symlinks (the HF hub cache)
+            if not parts or Path(name).is_absolute() or parts[0] == "..":
+                raise CheckpointError(f"{index}: weight_map file {name!r} is outside the checkpoint directory {p}")
+            files.append(p / name)
+        return files
     return [f for f in sorted(p.glob("*.safetensors")) if not f.name.startswith("consolidated")]
 
 
@@ -106,46 +181,12 @@ def _consolidated_files(p: Path) -> list[Path]:
 
 
 def _safetensors_source(files: list[Path]) -> TensorSource:
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    handles: dict[str, Any] = {}
-    closers: list[contextlib.AbstractContextManager] = []
+    tensors: dict[str, TensorInfo] = {}
     for file in files:
         if not file.is_file():
             raise CheckpointError(f"safetensors shard {file} is missing")
-        handle = safe_open(str(file), framework="pt")  # memory-mapped
-        closers.append(handle)
-        for name in handle.keys():
-            shapes[name] = tuple(handle.get_slice(name).get_shape())
-            handles[name] = handle
-
-    def read(name: str, index: Index | None = None) -> torch.Tensor:
-        if index is None:
-            return handles[name].get_tensor(name)
-        return handles[name].get_slice(name)[index]  # reads only the selected bytes
-
-    return TensorSource(shapes, read, closers)
-
-
-def _gguf_source(path: Path) -> TensorSource:
-    """Shapes from the fast header reader; ``gguf.GGUFReader`` is built on the first tensor read."""
-    shapes = read_gguf_header(path).tensor_shapes
-    tensors: dict[str, Any] = {}
-
-    def read(name: str, index: Index | None = None) -> torch.Tensor:
-        import gguf
-
-        if index is not None:  # GGUF: dequantize the whole tensor, keep the shard
-            return read(name)[index].clone()
-        if not tensors:
-            tensors.update((t.name, t) for t in gguf.GGUFReader(str(path)).tensors)
-        t = tensors[name]
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise CheckpointError(f"{path}: tensor {name} has type {t.tensor_type.name}, which the gguf package "
-                                  "cannot dequantize") from exc
-        return torch.from_numpy(np.array(array, dtype=np.float32).reshape(shapes[name]))
-
-    return TensorSource(shapes, read)
+        for name, info in safetensors_tensors(file).items():
+            if name in tensors:
+                raise CheckpointError(f"tensor {name!r} is in two shards: {tensors[name].file.name} and {file.name}")
+            tensors[name] = info
+    return TensorSource(tensors)

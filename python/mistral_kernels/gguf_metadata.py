@@ -10,16 +10,23 @@ endian)::
     n_kv × ( string key, u32 type, value )      string = u64 length + UTF-8 bytes
     array value = u32 element type, u64 count, count × element
     n_tensors × ( string name, u32 n_dims, n_dims × u64 dim, u32 ggml type, u64 offset )
+    padding to ``general.alignment`` (32 when absent), then the tensor data; each offset is relative to the
+    start of the data and a multiple of the alignment
 
 Tensor dims are listed innermost first (ggml order): a [V, H] embedding is stored as dims (H, V).
+Anything malformed (truncation, counts or lengths past the end of the file, more than 4 dims, duplicate
+tensor names, a bad alignment) raises :class:`~mistral_kernels.errors.CheckpointError` naming the file.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .errors import CheckpointError
 
 __all__ = ["GGUFHeader", "read_gguf_header", "read_gguf_metadata"]
 
@@ -36,10 +43,16 @@ class GGUFHeader:
     ----------
     metadata : key → value (arrays as Python lists), e.g. ``{"general.architecture": "llama", ...}``
     tensor_shapes : tensor name → shape in PyTorch order (outermost first; ggml's dims reversed)
+    tensor_types : tensor name → ggml type id (``gguf.GGMLQuantizationType``)
+    tensor_offsets : tensor name → absolute byte offset of its data in the file
+    alignment : ``general.alignment`` (32 when absent)
     """
 
     metadata: dict[str, Any]
     tensor_shapes: dict[str, tuple[int, ...]]
+    tensor_types: dict[str, int] = field(default_factory=dict)
+    tensor_offsets: dict[str, int] = field(default_factory=dict)
+    alignment: int = 32
 
 
 class _Cursor:
@@ -68,6 +81,9 @@ class _Cursor:
         if kind == _ARRAY:
             inner = self.take("<I")
             count = self.take("<Q")
+            smallest = struct.calcsize(_SCALARS[inner]) if inner in _SCALARS else 8  # bytes per element, at least
+            if count * smallest > len(self.data) - self.pos:
+                raise IndexError("array runs past the bytes read")
             if inner in _SCALARS:
                 fmt = _SCALARS[inner]
                 size = struct.calcsize(fmt)
@@ -78,22 +94,40 @@ class _Cursor:
         raise ValueError(f"GGUF metadata: unknown value type {kind} at byte {self.pos}")
 
 
-def _parse(data: bytes, n_tensors: int, n_kv: int) -> GGUFHeader:
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def _parse(data: bytes, n_tensors: int, n_kv: int, where: Path) -> GGUFHeader:
     cur = _Cursor(data, 24)
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
         metadata[key] = cur.value(cur.take("<I"))
     shapes: dict[str, tuple[int, ...]] = {}
+    types: dict[str, int] = {}
+    offsets: dict[str, int] = {}
     for _ in range(n_tensors):
         name = cur.string()
         n_dims = cur.take("<I")
+        if n_dims > _MAX_DIMS:
+            raise CheckpointError(f"{where}: GGUF tensor {name!r} has {n_dims} dims (at most {_MAX_DIMS})")
         dims = struct.unpack_from(f"<{n_dims}Q", data, cur.pos)
         cur.pos += 8 * n_dims
-        cur.take("<I")  # ggml type: read with the data (GGUFReader)
-        cur.take("<Q")  # offset in the data section
+        if name in shapes:
+            raise CheckpointError(f"{where}: GGUF tensor {name!r} is listed twice")
+        types[name] = cur.take("<I")
+        offsets[name] = cur.take("<Q")  # relative to the data section; made absolute below
         shapes[name] = tuple(int(d) for d in reversed(dims))
-    return GGUFHeader(metadata, shapes)
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise CheckpointError(f"{where}: GGUF general.alignment={alignment!r} must be a power of two")
+    start = -(-cur.pos // alignment) * alignment
+    for name, offset in offsets.items():
+        if offset % alignment:
+            raise CheckpointError(f"{where}: GGUF tensor {name!r} data offset {offset} is not a multiple of the "
+                                  f"alignment {alignment}")
+        offsets[name] = start + offset
+    return GGUFHeader(metadata, shapes, types, offsets, alignment)
 
 
 def read_gguf_header(path: str | Path) -> GGUFHeader:
@@ -101,28 +135,42 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
 
     Raises
     ------
-    ValueError
-        Not a GGUF file (wrong magic), an unsupported version (< 2), or a truncated header.
+    CheckpointError
+        Not a GGUF file (wrong magic), an unsupported version, or a truncated / malformed header.
     """
     p = Path(path)
-    with open(p, "rb") as f:
-        head = f.read(24)
-        if len(head) < 24 or head[:4] != b"GGUF":
-            raise ValueError(f"{p} is not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
-        version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
-        if version < 2:
-            raise ValueError(f"{p}: GGUF version {version} is not supported (need 2 or 3)")
-        # The header sits at the start of the file; read in growing chunks until it parses.
-        size = 1 << 22
-        while True:
-            f.seek(0)
-            data = f.read(size)
-            try:
-                return _parse(data, n_tensors, n_kv)
-            except (struct.error, IndexError, UnicodeDecodeError):
-                if len(data) < size:  # whole file read and still truncated
-                    raise ValueError(f"{p}: truncated GGUF header") from None
-                size *= 4
+    try:
+        with open(p, "rb") as f:
+            return _read(f, p)
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read the GGUF file: {e}") from e
+
+
+def _read(f: Any, p: Path) -> GGUFHeader:
+    head = f.read(24)
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise CheckpointError(f"{p} is not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+    version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+    if version not in (2, 3):
+        raise CheckpointError(f"{p}: GGUF version {version} is not supported (need 2 or 3)")
+    file_size = os.fstat(f.fileno()).st_size
+    # every key/value takes ≥ 13 bytes and every tensor info ≥ 24: larger counts cannot fit in the file
+    if n_kv * 13 + n_tensors * 24 > file_size:
+        raise CheckpointError(f"{p}: GGUF header claims {n_kv} metadata keys and {n_tensors} tensors, more than "
+                              f"a {file_size}-byte file holds")
+    # The header sits at the start of the file; read in growing chunks until it parses.
+    size = 1 << 22
+    while True:
+        f.seek(0)
+        data = f.read(size)
+        try:
+            return _parse(data, n_tensors, n_kv, p)
+        except (struct.error, IndexError, UnicodeDecodeError, ValueError, OverflowError, MemoryError) as e:
+            if isinstance(e, CheckpointError):
+                raise
+            if len(data) < size:  # whole file read and still not parsed
+                raise CheckpointError(f"{p}: truncated or malformed GGUF header ({type(e).__name__}: {e})") from None
+            size *= 4
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:

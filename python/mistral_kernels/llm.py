@@ -10,18 +10,23 @@
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
 from .cache import default_num_blocks
+from .config import ModelConfig, load_config
 from .engine import Completion, Engine
 from .loading import load_model
+from .memory import MemoryWarning, memory_warning
 from .parallel import ParallelContext
 from .sampling import SamplingParams
 from .tokenization import Message, Tokenizer, load_tokenizer
+from .weights import default_dtype
 
 __all__ = ["LLM"]
 
@@ -33,12 +38,14 @@ class LLM:
     ----------
     path : str, Path or None
         HF directory, Mistral consolidated directory or ``.gguf`` file; None = the default model.
-    device, dtype : where and in which dtype the weights and the KV cache live.
+    device, dtype : where and in which dtype the weights and the KV cache live; ``dtype=None`` (default) is
+        the checkpoint's own (:func:`mistral_kernels.weights.default_dtype`; fp16 → bf16 on the CPU).
     max_batch : most sequences decoded together.
     block_size : KV cache block size (tokens, a power of two).
     num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (cache.default_num_blocks).
     max_tokens_per_step : token budget of one engine step (prefill chunk size).
     tokenizer : path of a tokenizer to use instead of the one found with the model.
+    progress : show a progress bar over the bytes read while loading.
     parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
         every rank constructs the LLM and makes the same calls). None = one process.
     enforce_eager : no CUDA graphs for decode steps (default False: on CUDA, decode steps replay one
@@ -46,7 +53,7 @@ class LLM:
     """
 
     def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, max_batch: int = 8, block_size: int = 16,
+                 dtype: torch.dtype | None = None, max_batch: int = 8, block_size: int = 16,
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None, enforce_eager: bool = False) -> None:
@@ -56,11 +63,24 @@ class LLM:
             path = default_model_path()
         t0 = time.perf_counter()
         self.path = Path(path)
+        if dtype is None:
+            dtype = default_dtype(self.path, device)
+        _check_device_dtype(device, dtype)
+        if parallel is None:  # warn before loading rather than be killed while loading
+            config = load_config(self.path)
+            if num_blocks is not None:  # an impossible pool fails before the weights load
+                _check_kv_pool(config, dtype, device, num_blocks, block_size)
+            blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
+            warning = memory_warning(config, dtype, device, blocks * block_size)
+            if warning is not None:
+                warnings.warn(warning, MemoryWarning, stacklevel=2)
         self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
         self.load_seconds = time.perf_counter() - t0
         if num_blocks is None:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
+        elif parallel is not None:  # a rank holds its share of the heads: check with its own config
+            _check_kv_pool(self.model.config, dtype, device, num_blocks, block_size)
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
                              max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos),
@@ -81,45 +101,95 @@ class LLM:
     @staticmethod
     def _params(max_new_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
                 repetition_penalty: float, seed: int | None, stop: str | Sequence[str] | None,
-                ignore_eos: bool, index: int) -> SamplingParams:
+                ignore_eos: bool, index: int, logprobs: int | None) -> SamplingParams:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         # Distinct but reproducible seeds per prompt of a batch.
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                               min_p=min_p, repetition_penalty=repetition_penalty,
-                              seed=None if seed is None else seed + index, stop=stops, ignore_eos=ignore_eos)
+                              seed=None if seed is None else seed + index, stop=stops, ignore_eos=ignore_eos,
+                              logprobs=logprobs)
 
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 128, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                  seed: int | None = None, stop: str | Sequence[str] | None = None, ignore_eos: bool = False,
-                 chat: bool = False, system: str | None = None) -> list[Completion]:
+                 chat: bool = False, system: str | None = None, logprobs: int | None = None) -> list[Completion]:
         """Generate for every prompt (continuous batching); completions in prompt order.
 
         With ``seed``, prompt i samples with seed ``seed + i`` (reproducible whatever the batching).
+        ``logprobs=k`` fills each completion's ``logprobs`` (raw-model log-probability of every generated token
+        and its k most likely alternatives; :mod:`mistral_kernels.logprobs`).
+
+        Every prompt is validated before any is admitted (a ValueError names ``prompts[i]``); if the call
+        fails or is interrupted (KeyboardInterrupt) its requests are aborted, their KV blocks freed.
         """
         if isinstance(prompts, str):
             raise TypeError("generate: prompts must be a list of strings (got a single str); use [prompt]")
-        rids = [self.engine.add_request(
-            self.prompt_ids(p, chat=chat, system=system),
-            self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
-                         ignore_eos, i)) for i, p in enumerate(prompts)]
-        return self.engine.run(rids)
+        jobs = []
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise TypeError(f"generate: prompts[{i}] must be a str, got {type(p).__name__}")
+            jobs.append((self.prompt_ids(p, chat=chat, system=system),
+                         self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed,
+                                      stop, ignore_eos, i, logprobs)))
+        for i, (ids, params) in enumerate(jobs):  # validate all before admitting any
+            try:
+                self.engine.check_request(ids, params)
+            except ValueError as e:
+                raise ValueError(f"generate: prompts[{i}]: {e}") from e
+        return self.engine.generate(jobs)
 
     def stream(self, prompt: str, *, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str] | None = None, ignore_eos: bool = False, chat: bool = False,
-               system: str | None = None) -> Iterator[str]:
+               system: str | None = None, logprobs: int | None = None) -> Iterator[str]:
         """Yield the generated text piece by piece as it is produced; the pieces join to the completion's
-        text. The finished :class:`Completion` is kept in ``self.last_completion``."""
+        text. The finished :class:`Completion` is kept in ``self.last_completion``. Closing the generator
+        early (``close()``, garbage collection) or an exception aborts the request and frees its KV blocks."""
         rid = self.engine.add_request(
             self.prompt_ids(prompt, chat=chat, system=system),
             self._params(max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop,
-                         ignore_eos, 0))
-        while not self.engine.is_finished(rid):
-            self.engine.step()
+                         ignore_eos, 0, logprobs))
+        try:
+            while not self.engine.is_finished(rid):
+                self.engine.step()
+                piece = self.engine.drain_text(rid)
+                if piece:
+                    yield piece
             piece = self.engine.drain_text(rid)
             if piece:
                 yield piece
-        piece = self.engine.drain_text(rid)
-        if piece:
-            yield piece
-        self.last_completion = self.engine.pop_completion(rid)
+            self.last_completion = self.engine.pop_completion(rid)
+        finally:
+            # Closed early (GeneratorExit from close() or garbage collection), or a step raised: the request
+            # must not keep its KV blocks. After pop_completion this is a no-op.
+            self.engine.abort(rid)
+
+
+def _check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> None:
+    """The CPU kernels compute in float32 and bfloat16 only: reject float16 there before loading anything."""
+    if dtype == torch.float16 and torch.device(device).type == "cpu":
+        raise ValueError("dtype float16 (--dtype fp16) is not supported on the CPU, whose kernels run float32 and "
+                         "bfloat16; use --dtype bf16 or fp32, or a CUDA device")
+
+
+def _device_memory(device: torch.device) -> int | None:
+    """Total bytes of the device's memory (physical RAM for the CPU); None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _check_kv_pool(config: ModelConfig, dtype: torch.dtype, device: str | torch.device, num_blocks: int,
+                   block_size: int) -> None:
+    """A KV pool larger than the device's whole memory can never be allocated: say so, with the numbers,
+    instead of failing inside the allocator (or building a block list of 10**12 entries)."""
+    per_token = config.kv_bytes_per_token(dtype)
+    need = num_blocks * block_size * per_token
+    dev = torch.device(device)
+    total = _device_memory(dev)
+    if total is not None and need > total:
+        raise ValueError(f"num_blocks (--num-blocks) = {num_blocks} blocks of {block_size} tokens need "
+                         f"{need / 2**30:,.1f} GiB of KV cache ({per_token} bytes per token) but the {dev.type} "
+                         f"has {total / 2**30:,.1f} GiB in all; lower --num-blocks (default: sized for --max-batch)")

@@ -18,14 +18,16 @@ from .weights import load_checkpoint
 __all__ = ["load_model"]
 
 
-def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: bool = True, parallel: ParallelContext | None = None) -> Model:
+def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+               progress: bool = False, parallel: ParallelContext | None = None) -> Model:
     """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
 
     The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
-    metadata); RoPE layout follows the format; weights are not permuted. With ``parallel`` each rank reads
-    only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`) and gets a
-    :class:`~mistral_kernels.parallel.ShardedModel`.
+    metadata); RoPE layout follows the format; weights are not permuted. ``dtype=None`` keeps the
+    checkpoint's own dtype (:func:`mistral_kernels.weights.default_dtype`: like transformers'
+    ``dtype="auto"``; fp16 → bf16 on the CPU). ``progress`` shows a bar over the bytes read. With
+    ``parallel`` each rank reads only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`)
+    and gets a :class:`~mistral_kernels.parallel.ShardedModel`.
     """
     if parallel is None:
         config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress)

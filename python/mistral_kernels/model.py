@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
-from .rope_scaling import rope_table
+from .rope_scaling import RopeTable
 
 __all__ = ["DecoderLayer", "KVCache", "Model"]
 
@@ -159,8 +159,14 @@ class Model:
         self.layer_config = self.layers[0].config  # local heads of a tensor-parallel rank, else config
         self.dtype = self.embed.dtype
         self.device = self.embed.device
-        self.cos_sin = rope_table(config.max_position, config.rot_dim, config.rope_theta, config.rope_scaling,
-                                  self.device)                                # fp32 [max_position, R]
+        # fp32 cos/sin rows, built on demand up to the positions a forward step can reach (not max_position)
+        self.rope = RopeTable(config.max_position, config.rot_dim, config.rope_theta, config.rope_scaling,
+                              self.device)
+
+    @property
+    def cos_sin(self) -> torch.Tensor:
+        """The cos/sin table built so far (fp32 [P, R], P ≥ :attr:`RopeTable.MIN_ROWS` or max_position)."""
+        return self.rope.covering(RopeTable.MIN_ROWS)
 
     def new_cache(self, num_blocks: int, block_size: int) -> KVCache:
         """An (uninitialised) paged KV cache of ``num_blocks`` blocks of ``block_size`` tokens, in the model's dtype."""
@@ -186,9 +192,11 @@ class Model:
         eps = self.config.norm_eps
         x = F.embedding(token_ids, self.embed)                                 # [T, H]
         residual = torch.zeros_like(x)                                         # first fused add copies x
+        # positions < (block table width · block size): a host-side bound, no device sync
+        cos_sin = self.rope.covering(batch.block_tables.shape[1] * cache.block_size)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             self.kernels.fused_add_rms_norm(x, residual, layer.attn_norm, eps)  # residual += x; x = norm(residual)
-            x = layer.attention(x, batch, self.cos_sin, k_cache, v_cache)
+            x = layer.attention(x, batch, cos_sin, k_cache, v_cache)
             self.kernels.fused_add_rms_norm(x, residual, layer.ffn_norm, eps)
             x = layer.ffn(x)
         self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)

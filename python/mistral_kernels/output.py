@@ -16,8 +16,9 @@ while the request runs, as they might still begin a stop string. Example: stop "
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .logprobs import TokenLogprob
 from .request import Request, RequestTimings
 from .tokenization import IncrementalDecoder, Tokenizer
 
@@ -38,6 +39,8 @@ class Completion:
     stop_reason : the matched stop string or stop token id; None otherwise
     num_preemptions : how often the request was preempted and recomputed
     timings : arrival / first token / finish times
+    logprobs : one :class:`~mistral_kernels.logprobs.TokenLogprob` per generated token when the request's
+        params asked for ``logprobs``; None otherwise
     """
 
     request_id: int
@@ -48,6 +51,7 @@ class Completion:
     stop_reason: str | int | None
     num_preemptions: int
     timings: RequestTimings
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -56,6 +60,8 @@ class _TextState:
     decoder: IncrementalDecoder | None
     text: str = ""
     emitted: int = 0  # text[:emitted] was handed out by drain_text
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs_emitted: int = 0  # logprobs[:logprobs_emitted] were handed out by drain_logprobs
 
 
 class OutputProcessor:
@@ -77,12 +83,16 @@ class OutputProcessor:
         dec = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
         self._states[request.rid] = _TextState(request, dec)
 
-    def process(self, requests: Sequence[Request], token_ids: Sequence[int], now: float) -> list[Request]:
-        """Append each request's sampled token (``token_ids[i]`` to ``requests[i]``); return those that
-        finished with it, in order."""
+    def process(self, requests: Sequence[Request], token_ids: Sequence[int], now: float,
+                logprobs: Sequence[TokenLogprob | None] | None = None) -> list[Request]:
+        """Append each request's sampled token (``token_ids[i]`` to ``requests[i]``, with its log-probability
+        ``logprobs[i]`` when not None); return those that finished with it, in order."""
         finished = []
-        for r, tok in zip(requests, token_ids):
-            self._append(self._states[r.rid], int(tok), now)
+        for i, (r, tok) in enumerate(zip(requests, token_ids)):
+            st = self._states[r.rid]
+            if logprobs is not None and logprobs[i] is not None:
+                st.logprobs.append(logprobs[i])  # type: ignore[arg-type]
+            self._append(st, int(tok), now)
             if r.finish_reason is not None:
                 finished.append(r)
         return finished
@@ -100,6 +110,19 @@ class OutputProcessor:
         st.emitted = end
         return piece
 
+    def drain_logprobs(self, rid: int) -> list[TokenLogprob]:
+        """Log-probabilities of the tokens generated since the last call (for streaming)."""
+        st = self._states.get(rid)
+        if st is None:
+            raise KeyError(f"drain_logprobs: no request {rid}")
+        new = st.logprobs[st.logprobs_emitted:]
+        st.logprobs_emitted = len(st.logprobs)
+        return new
+
+    def has(self, rid: int) -> bool:
+        """The request is tracked (added, neither dropped nor turned into a completion)."""
+        return rid in self._states
+
     def drop(self, rid: int) -> None:
         """Forget a request's text (it was aborted)."""
         self._states.pop(rid, None)
@@ -109,7 +132,7 @@ class OutputProcessor:
         st = self._states.pop(request.rid)
         return Completion(request.rid, st.text, list(request.output_ids), list(request.prompt_ids),
                           request.finish_reason or "length", request.stop_reason, request.num_preemptions,
-                          request.timings)
+                          request.timings, st.logprobs if request.params.logprobs is not None else None)
 
     def _append(self, st: _TextState, tok: int, now: float) -> None:
         r, p = st.request, st.request.params

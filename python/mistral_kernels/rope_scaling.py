@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RopeScaling", "parse_rope_scaling", "scaled_inv_freq", "rope_table"]
+__all__ = ["RopeScaling", "RopeTable", "parse_rope_scaling", "scaled_inv_freq", "rope_table"]
 
 KINDS = ("linear", "dynamic", "yarn", "llama3")  # transformers' names; "freq_factors" comes from GGUF files
 
@@ -182,3 +182,30 @@ def rope_table(max_pos: int, rot_dim: int, theta: float, scaling: RopeScaling | 
 
 
 _CHUNK = 65536  # rows per fp64 block in rope_table
+
+
+class RopeTable:
+    """A model's cos/sin table, built on demand: only the rows of positions in use, grown by
+    doubling up to ``max_position``. A config may declare 1,024,000 positions (Mistral Nemo) — 512 MiB of
+    fp32 at R = 128 — while a run uses a few thousand.
+
+    >>> t = RopeTable(1 << 20, 128, 1e6, None)
+    >>> t.covering(100).shape            # at least 100 rows (the first build makes MIN_ROWS)
+    torch.Size([4096, 128])
+    """
+
+    MIN_ROWS = 4096
+
+    def __init__(self, max_position: int, rot_dim: int, theta: float, scaling: RopeScaling | None,
+                 device: torch.device | str | None = None) -> None:
+        self.max_position = max_position
+        self.args = (rot_dim, theta, scaling, device)
+        self.table = torch.empty(0, rot_dim, dtype=torch.float32, device=device)
+
+    def covering(self, rows: int) -> torch.Tensor:
+        """fp32 [P, R] with P ≥ min(rows, max_position) (rows 0‥P-1 as :func:`rope_table` builds them)."""
+        want = min(rows, self.max_position)
+        if self.table.shape[0] < want:
+            grown = max(want, 2 * self.table.shape[0], self.MIN_ROWS)
+            self.table = rope_table(min(grown, self.max_position), *self.args)
+        return self.table

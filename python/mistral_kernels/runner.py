@@ -24,6 +24,7 @@ import torch
 from .batch import AttentionBatch
 from .config import ModelConfig
 from .decode_graphs import DecodeGraphRunner
+from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
 from .sampling import SamplingParams, sample
 from .scheduler import SchedulerOutput
@@ -59,6 +60,11 @@ class ModelRunner:
     enforce_eager : decode steps run the plain forward. None (default): padded static-buffer decode with
         CUDA graphs on a CUDA model, plain forward elsewhere (and for tensor-parallel models, whose
         collectives are not captured yet). False: the padded runner on every device (eager off CUDA).
+
+    Attributes
+    ----------
+    logprobs : after :meth:`execute`, per sampling request: its token's :class:`TokenLogprob` when its
+        params ask for ``logprobs``, else None (all None costs nothing)
     """
 
     def __init__(self, model: PagedModel, num_blocks: int, block_size: int, *, max_batch: int = 8,
@@ -70,6 +76,7 @@ class ModelRunner:
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
         self._broadcast = getattr(model, "broadcast_tokens", None)
+        self.logprobs: list[TokenLogprob | None] = []
         if enforce_eager is None:
             enforce_eager = self.device.type != "cuda" or self._broadcast is not None
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
@@ -98,6 +105,7 @@ class ModelRunner:
             with device_index_checks(False):  # validated on the host by AttentionBatch.build
                 logits = self.model.forward(ids, batch, self.cache)  # [N, V]
         samplers = output.sampling_requests
+        self.logprobs = [None] * len(samplers)
         if not samplers:
             return []
         penalized = any(r.params.needs_history for r in samplers)
@@ -107,4 +115,6 @@ class ModelRunner:
                           [r.output_ids for r in samplers] if penalized else None)  # [N]
         if self._broadcast is not None:  # tensor parallel: rank 0's tokens everywhere
             next_ids = self._broadcast(next_ids)
-        return next_ids.tolist()  # the one host read of the step
+        if any(r.params.logprobs is not None for r in samplers):
+            self.logprobs = token_logprobs(logits, next_ids, [r.params.logprobs for r in samplers])
+        return next_ids.tolist()  # the one host read of the step (a second one only with logprobs)

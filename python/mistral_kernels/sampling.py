@@ -23,7 +23,10 @@ import torch
 
 from .transfer import to_device
 
-__all__ = ["SamplingParams", "apply_filters", "sample"]
+__all__ = ["MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "apply_filters", "sample"]
+
+MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the OpenAI API allows)
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class SamplingParams:
     stop : stop strings; generation ends when the output text contains one (the text is cut before it)
     stop_token_ids : extra token ids that end generation (besides the tokenizer's EOS)
     ignore_eos : keep generating through EOS (for benchmarks); max_new_tokens still applies
+    logprobs : None = off; k in [0, MAX_LOGPROBS] = return, for each generated token, its log-probability
+        and the k most likely tokens' under the raw model distribution (``log_softmax`` of the model's
+        logits, before penalties, temperature and filters; see :mod:`mistral_kernels.logprobs`)
     """
 
     max_new_tokens: int = 128
@@ -61,6 +67,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -84,6 +91,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -5,9 +5,21 @@ config comes from :func:`mistral_kernels.config.load_config`. The RoPE layout of
 (HF: neox; consolidated and GGUF: interleaved); no format's weights are permuted.
 
 Every format is first renamed to one *canonical* unfused naming (below), checked against the shapes
-the config implies (missing / unexpected / mis-shaped tensors are reported together), then loaded
-tensor by tensor (safetensors memory-mapped, GGUF dequantized with the ``gguf`` package) and fused:
-``wq|wk|wv → qkv`` and, for dense FFNs, ``w1|w3 → w13``.
+the config implies (missing / unexpected / mis-shaped / integer-typed tensors are reported together), then
+fused without a second copy. A weight stored in the final dtype on the CPU — a fused one too
+when its parts lie back to back, as HF's gate_proj | up_proj do — is a private memory map of the file
+(:func:`mistral_kernels.tensor_io.map_tensors`: page-cache pages, no copy); any other fused tensor
+(``wq|wk|wv → qkv``, dense ``w1|w3 → w13``, MoE experts stacked) is allocated once in the final dtype and
+its parts are read straight from the files into their rows (:func:`mistral_kernels.tensor_io.read_into`:
+``preadv``; conversions and GGUF dequantization through a bounded scratch buffer). Peak memory is the
+weights plus a few tens of MB.
+
+Default dtype (``dtype=None``, like transformers' ``dtype="auto"``): the checkpoint's own —
+``dtype`` / ``torch_dtype`` in config.json, else the stored dtype of most of the weights (consolidated
+files: bf16 as Mistral publishes them; GGUF: F32 / F16 / BF16, quantized types → fp32 as they dequantize).
+On the CPU, whose kernels take fp32 and bf16, fp16 becomes bf16 (same size; fp16 values with |x| < 2^-14
+lose precision, others keep 8 of their 11 significant bits) and fp64 becomes fp32
+(:func:`default_dtype`).
 
 Shape letters: H hidden, I intermediate, V vocab, Hq / Hkv heads, D head_dim, E experts.
 
@@ -25,9 +37,9 @@ Fused names returned by :func:`load_checkpoint`: ``embed, norm, lm_head?`` and p
 
 from __future__ import annotations
 
-import contextlib
+import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +47,12 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import ModelConfig, load_config
-from .formats import CheckpointError, Index, TensorSource, detect_format, open_tensors
+from .formats import CheckpointError, Index, TensorInfo, TensorSource, detect_format, open_tensors, read_json
+from .tensor_io import selected_shape
 
-# CheckpointError and detect_format are defined in formats.py and re-exported here.
-__all__ = ["CheckpointError", "detect_format", "expected_shapes", "load_checkpoint"]
+# CheckpointError and detect_format are defined in errors.py / formats.py and re-exported here.
+__all__ = ["CheckpointError", "checkpoint_dtype", "default_dtype", "detect_format", "expected_shapes",
+           "load_checkpoint"]
 
 
 # ---------------------------------------------------------------------------------------------- naming
@@ -119,18 +133,21 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 # ---------------------------------------------------------------------------------------------- entries
 ShardFn = Callable[[ModelConfig, str], "tuple[slice, ...] | None"]  # (config, canonical name) → part to read
+Fill = Callable[[torch.Tensor, "Index | None"], None]  # (out, index) → out holds the tensor or its part
 
 
 @dataclass
 class _Entry:
     """One canonical tensor: its shape (known without reading data) and how to read it.
 
-    ``load()`` reads all of it; ``load(index)`` only the part ``index`` (one slice per dim) selects.
+    ``fill(out, None)`` reads all of it into ``out``; ``fill(out, index)`` only the part ``index`` (one slice
+    per dim) selects. ``stored`` are the file tensors it reads (dtypes, byte counts).
     """
 
     shape: tuple[int, ...]
-    load: Callable[..., torch.Tensor]
+    fill: Fill
     origin: str  # tensor name(s) in the file, for messages
+    stored: tuple[TensorInfo, ...]
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -140,7 +157,8 @@ def _rename(source: TensorSource, rules: list[_Rule]) -> tuple[dict[str, _Entry]
     entries: dict[str, _Entry] = {}
     experts: dict[str, dict[int, str]] = {}  # canonical stacked name → {expert id: file name}
     unexpected: list[str] = []
-    for name, shape in source.shapes.items():
+    for name, info in source.tensors.items():
+        shape = info.shape
         for pattern, template, split in compiled:
             m = pattern.fullmatch(name)
             if m is None:
@@ -149,33 +167,40 @@ def _rename(source: TensorSource, rules: list[_Rule]) -> tuple[dict[str, _Entry]
             if "expert" in m.groupdict():
                 experts.setdefault(targets[0], {})[int(m.group("expert"))] = name
             elif split == 1:
-                entries[targets[0]] = _Entry(shape, lambda index=None, n=name: source.read(n, index), name)
-            else:  # [E, 2I, H] → two [E, I, H]
+                entries[targets[0]] = _Entry(shape, lambda out, index, n=name: source.read_into(n, out, index),
+                                             name, (info,))
+            elif len(shape) == 3 and shape[-2] % 2 == 0:  # [E, 2I, H] → two [E, I, H]
                 half = shape[-2] // 2
                 for part, target in enumerate(targets):
                     entries[target] = _Entry(
                         (*shape[:-2], half, shape[-1]),
-                        lambda index=None, n=name, a=part * half, h=half: (
-                            source.read(n)[..., a:a + h, :] if index is None
-                            else source.read(n, _offset_rows(index, a, h))), name)
+                        lambda out, index, n=name, a=part * half, h=half: source.read_into(
+                            n, out, _offset_rows(index or _full_index((), 3), a, h)), name, (info,))
+            else:
+                unexpected.append(f"{name} {list(shape)} (expected [E, 2·I, H])")
             break
         else:
             if not _IGNORED.fullmatch(name):
                 unexpected.append(name)
     for target, by_id in experts.items():
-        names = [by_id[j] for j in sorted(by_id)]
         ids = sorted(by_id)
+        names = [by_id[j] for j in ids]
         if ids != list(range(len(ids))):
-            raise CheckpointError(f"{target}: expert tensors are not numbered 0..{len(ids) - 1}: have {ids}")
-        shapes = {n: list(source.shapes[n]) for n in names}
+            raise CheckpointError(f"{target}: expert tensors are not numbered 0..{len(ids) - 1}: have {ids[:20]}")
+        shapes = {n: list(source.tensors[n].shape) for n in names}
         if len({tuple(v) for v in shapes.values()}) > 1:
             raise CheckpointError(f"{target}: expert tensors differ in shape: {shapes}")
-        entries[target] = _Entry((len(names), *source.shapes[names[0]]),
-                                 lambda index=None, ns=names: torch.stack(
-                                     [source.read(n) for n in ns] if index is None
-                                     else [source.read(n, index[1:]) for n in ns[index[0]]]),
-                                 f"{names[0]} … {names[-1]}")
+        entries[target] = _Entry((len(names), *source.tensors[names[0]].shape),
+                                 lambda out, index, ns=names: _fill_experts(source, ns, out, index),
+                                 f"{names[0]} … {names[-1]}", tuple(source.tensors[n] for n in names))
     return entries, unexpected
+
+
+def _fill_experts(source: TensorSource, names: list[str], out: torch.Tensor, index: Index | None) -> None:
+    """Stacked experts [E, ...]: expert e's file tensor straight into ``out[e]`` (or the selected experts)."""
+    chosen = range(len(names)) if index is None else range(*index[0].indices(len(names)))
+    for k, e in enumerate(chosen):
+        source.read_into(names[e], out[k], None if index is None else index[1:])
 
 
 def _offset_rows(index: Index, start: int, size: int) -> Index:
@@ -201,80 +226,143 @@ def _check(path: Path, fmt: str, entries: dict[str, _Entry], unexpected: list[st
     extra = unexpected + [f"{e.origin} (as {n})" for n, e in entries.items() if n not in expected]
     bad = [f"{e.origin} (as {n}): {list(e.shape)}, expected {list(expected[n])}"
            for n, e in entries.items() if n in expected and tuple(e.shape) != expected[n]]
-    if missing or extra or bad:
+    integer = [f"{t.name} ({t.type_name})" for n, e in entries.items() if n in expected for t in e.stored
+               if not t.dtype.is_floating_point]
+    if missing or extra or bad or integer:
         lines = [f"checkpoint {path} ({fmt} format) does not match its config:"]
         for title, items in (("missing (canonical names, see weights.py)", missing), ("unexpected", extra),
-                             ("mis-shaped", bad)):
+                             ("mis-shaped", bad), ("not floating-point (weights must be F32 / F16 / BF16)", integer)):
             if items:
                 shown = items[:25] + ([f"… and {len(items) - 25} more"] if len(items) > 25 else [])
                 lines.append(f"  {title}: " + ", ".join(shown))
         raise CheckpointError("\n".join(lines))
 
 
+# ---------------------------------------------------------------------------------------------- dtype
+_CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                  "float64": torch.float64}
+
+
+def checkpoint_dtype(path: str | Path) -> torch.dtype:
+    """The checkpoint's own dtype (module docstring): config.json's ``dtype`` / ``torch_dtype``, else the dtype
+    holding most of the stored weight elements (GGUF quantized types count as fp32). Reads headers only."""
+    p = Path(path)
+    fmt = detect_format(p)
+    if fmt == "hf":
+        config = read_json(p / "config.json")
+        named = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
+        if named in _CONFIG_DTYPES:
+            return _CONFIG_DTYPES[named]
+    with open_tensors(p, fmt) as source:
+        counts: dict[torch.dtype, int] = {}
+        for t in source.tensors.values():
+            if t.dtype.is_floating_point:
+                counts[t.dtype] = counts.get(t.dtype, 0) + math.prod(t.shape)
+    if not counts:
+        raise CheckpointError(f"{p}: no floating-point tensors to take a dtype from")
+    return max(counts, key=lambda d: counts[d])
+
+
+def default_dtype(path: str | Path, device: torch.device | str = "cpu") -> torch.dtype:
+    """The dtype a model loads in when none is asked: :func:`checkpoint_dtype`, with fp64 → fp32 and, on the
+    CPU (kernels in fp32 and bf16), fp16 → bf16."""
+    dtype = checkpoint_dtype(path)
+    if dtype == torch.float64:
+        return torch.float32
+    if dtype == torch.float16 and torch.device(device).type == "cpu":
+        return torch.bfloat16
+    return dtype
+
+
 def load_checkpoint(
-    path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-    progress: bool = True, shard: ShardFn | None = None,
+    path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+    progress: bool = False, shard: ShardFn | None = None, map_files: bool = True,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a checkpoint into fused weights (names in the module docstring) of ``dtype`` on ``device``.
 
-    ``shard(config, canonical_name)`` → slices (or None = whole): read only that part of each tensor
-    (one tensor-parallel rank, :meth:`mistral_kernels.parallel.ParallelContext.shard`); fusion then joins
-    the parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected bytes; GGUF tensors
-    are dequantized whole, then cut.
+    ``dtype=None`` loads in the checkpoint's own dtype (:func:`default_dtype`). ``progress`` shows a tqdm
+    bar over the bytes read. ``map_files`` (CPU): weights stored in ``dtype`` — fused parts too when they
+    lie back to back — are private memory maps of the files, populated from the page cache (no copy; the
+    memory is the page cache's; writes stay private); ``False`` copies every weight into process memory
+    (then nothing depends on the files after loading).
+
+    ``shard(config, canonical_name)`` → slices (or None = whole): read only that part of each tensor (one
+    tensor-parallel rank, :meth:`mistral_kernels.parallel.ParallelContext.shard`); fusion then joins the
+    parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected bytes; GGUF tensors are
+    dequantized whole, then cut.
 
     Raises
     ------
     CheckpointError
-        unknown format, or tensors missing / unexpected / mis-shaped (all listed in one message).
+        unknown format, corrupt files, config fields out of range, or tensors missing / unexpected /
+        mis-shaped / integer-typed (all listed in one message).
     """
     path = Path(path)
     fmt = detect_format(path)
     config = load_config(path)
-    source, rules = open_tensors(path, fmt), _RULES[fmt]
-    with contextlib.ExitStack() as stack:
-        for closer in source.closers:
-            stack.enter_context(closer)
-        entries, unexpected = _rename(source, rules)
+    if dtype is None:
+        dtype = default_dtype(path, device)
+    with open_tensors(path, fmt) as source:
+        entries, unexpected = _rename(source, _RULES[fmt])
         _check(path, fmt, entries, unexpected, config)
-        raw = {name: entries[name].load for name in expected_shapes(config)}
-        if shard is not None:
-            for name, entry in entries.items():
-                index = shard(config, name) if name in raw else None
-                if index is not None:
-                    raw[name] = lambda e=entry, i=_full_index(index, len(entry.shape)): e.load(i)
-        weights = dict(_fuse(config, raw, device, dtype, progress, desc=f"loading {path.name}"))
+        parts = {name: (entries[name], None if shard is None else shard(config, name))
+                 for name in expected_shapes(config)}
+        parts = {name: (e, None if index is None else _full_index(index, len(e.shape)))
+                 for name, (e, index) in parts.items()}
+        plan = _fusion_plan(config)
+        total = sum(_bytes_to_read(*parts[p]) for _, names in plan for p in names)
+        weights: dict[str, torch.Tensor] = {}
+        with tqdm(total=total, desc=f"loading {path.name}", unit="B", unit_scale=True, unit_divisor=1024,
+                  disable=not progress) as bar:
+            for fused, names in plan:
+                weights[fused] = _read_fused([parts[n] for n in names], device, dtype, bar.update,
+                                             source if map_files else None)
     return config, weights
 
 
-def _fuse(
-    config: ModelConfig, raw: dict[str, Callable[[], torch.Tensor]], device: torch.device | str,
-    dtype: torch.dtype, progress: bool, desc: str,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield fused weights, reading each canonical tensor once (tqdm bar over the tensors)."""
-    bar = tqdm(total=len(raw), desc=desc, unit="tensor", disable=not progress)
+def _fusion_plan(config: ModelConfig) -> list[tuple[str, list[str]]]:
+    """Fused name → the canonical tensors joined along dim 0 to make it, in reading (= file) order."""
+    plan = [("embed", ["embed"])]
+    for n in range(config.n_layers):
+        p = f"layers.{n}."
+        plan += [(p + "attn_norm", [p + "attn_norm"]), (p + "qkv", [p + "wq", p + "wk", p + "wv"]),
+                 (p + "wo", [p + "wo"]), (p + "ffn_norm", [p + "ffn_norm"])]
+        if config.is_moe:
+            plan += [(p + "gate", [p + "gate"])] + [(p + w, [p + "experts." + w]) for w in ("w1", "w3", "w2")]
+        else:
+            plan += [(p + "w13", [p + "w1", p + "w3"]), (p + "w2", [p + "w2"])]
+    plan.append(("norm", ["norm"]))
+    if not config.tie_embeddings:
+        plan.append(("lm_head", ["lm_head"]))
+    return plan
 
-    def get(name: str) -> torch.Tensor:
-        t = raw[name]().to(device=device, dtype=dtype)
-        bar.update(1)
-        return t
 
-    try:
-        yield "embed", get("embed")
-        for n in range(config.n_layers):
-            p = f"layers.{n}."
-            yield p + "attn_norm", get(p + "attn_norm")
-            yield p + "qkv", torch.cat([get(p + "wq"), get(p + "wk"), get(p + "wv")])
-            yield p + "wo", get(p + "wo")
-            yield p + "ffn_norm", get(p + "ffn_norm")
-            if config.is_moe:
-                yield p + "gate", get(p + "gate")
-                for w in ("w1", "w3", "w2"):
-                    yield p + w, get(p + "experts." + w).contiguous()
-            else:
-                yield p + "w13", torch.cat([get(p + "w1"), get(p + "w3")])
-                yield p + "w2", get(p + "w2")
-        yield "norm", get("norm")
-        if not config.tie_embeddings:
-            yield "lm_head", get("lm_head")
-    finally:
-        bar.close()
+def _bytes_to_read(entry: _Entry, index: Index | None) -> int:
+    """File bytes behind ``entry[index]`` (the stored bytes per element × the elements selected)."""
+    stored = sum(t.nbytes for t in entry.stored)
+    elements = sum(math.prod(t.shape) for t in entry.stored)
+    return stored * math.prod(selected_shape(entry.shape, index)) // max(1, elements)
+
+
+def _read_fused(parts: list[tuple[_Entry, Index | None]], device: torch.device | str, dtype: torch.dtype,
+                advance: Callable[[int], object], source: TensorSource | None) -> torch.Tensor:
+    """The fused tensor: a view of the file when ``source`` allows it (whole parts stored back to back in
+    ``dtype``, CPU), else allocated once with each part read straight into its rows (no concatenation copy)."""
+    shapes = [selected_shape(e.shape, index) for e, index in parts]
+    if len({s[1:] for s in shapes}) > 1:
+        raise CheckpointError(f"cannot fuse {[e.origin for e, _ in parts]}: shapes {shapes} differ past dim 0")
+    shape = (sum(s[0] for s in shapes), *shapes[0][1:])
+    whole = all(index is None and math.prod(e.shape) == sum(math.prod(t.shape) for t in e.stored)
+                for e, index in parts)
+    if source is not None and whole and torch.device(device).type == "cpu":
+        mapped = source.map([t.name for e, _ in parts for t in e.stored], dtype)
+        if mapped is not None:
+            advance(sum(_bytes_to_read(e, None) for e, _ in parts))
+            return mapped.view(shape)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    row = 0
+    for (entry, index), shape in zip(parts, shapes):
+        entry.fill(out[row:row + shape[0]], index)
+        advance(_bytes_to_read(entry, index))
+        row += shape[0]
+    return out

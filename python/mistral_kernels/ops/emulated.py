@@ -4,7 +4,8 @@ Same functions and signatures as :mod:`mistral_kernels.ops` — the same wrapper
 ``torch.ops.mistral_kernels_emu`` — except ``linear`` (it has no CUDA kernel); all tensors must be on the
 CPU. Slow: for testing the CUDA code on machines without a GPU. The thread schedule of every launch is
 chosen by the environment variable ``MK_SIMT_SCHEDULE`` = ``forward`` (default) | ``reverse`` |
-``random[:seed]``. Public import path: ``mistral_kernels.emulated``.
+``random[:seed]``; ``MK_SIMT_STATS=1`` records per-launch counters read by :func:`simt_stats`. Public import
+path: ``mistral_kernels.emulated``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from .._library import emulator_compiled
 from . import bind
 from .rope import rope_cos_sin_cache
+from .simt_stats import LaunchStats, SiteStats, simt_stats  # noqa: F401  (not ops: no twin in `ops`)
 
 if not emulator_compiled():
     raise ImportError("mistral_kernels.emulated: the emulated kernels were not built (CMake option MK_EMU=OFF)")

@@ -5,7 +5,12 @@ Each endpoint validates its body (:mod:`.protocol`), turns it into prompt ids an
 :class:`~mistral_kernels.sampling.SamplingParams` per choice (``n`` choices of a prompt are ``n`` engine
 requests; with a ``seed``, choice i samples with ``seed + i``), submits them to the shared
 :class:`~.async_engine.AsyncEngine`, and answers either one JSON body or server-sent events (one chunk per
-detokenised piece). A streaming client that disconnects has its requests aborted.
+detokenised piece). A client that disconnects (streaming or not) has its requests aborted: their KV
+blocks return to the pool before the next engine step.
+
+``logprobs`` (see :mod:`.logprobs_format` for the shapes): the log-probabilities of the raw model
+distribution (``log_softmax`` of the logits, before penalties, temperature and filters), as vLLM returns by
+default; chat asks with ``logprobs: true`` and ``top_logprobs: 0..20``, completions with ``logprobs: 0..20``.
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine import Completion
 from ..llm import LLM
+from ..logprobs import TokenLogprob
 from ..sampling import SamplingParams
 from .async_engine import AsyncEngine, DoneEvent, Overloaded, RequestStream, TextEvent
 from .errors import APIError, install_error_handlers
+from .logprobs_format import LogprobFormatter
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
@@ -72,25 +79,24 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256) -> FastA
                                             "max_model_len": llm.model.config.max_position}]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest) -> Response:
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         _check_model(state, body)
-        if body.logprobs or body.top_logprobs:
-            raise APIError(400, "logprobs: not supported by this server; leave logprobs / top_logprobs unset",
-                           "logprobs")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             prompt = llm.tokenizer.apply_chat_template(messages)  # type: ignore[arg-type]
         except ValueError as e:
             raise APIError(400, f"messages: {e}", "messages") from e
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return await _serve(state, body, [prompt], "messages", max_tokens, chat=True)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return await _serve(state, request, body, [prompt], "messages", max_tokens, logprobs, chat=True)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(body: CompletionRequest, request: Request) -> Response:
         _check_model(state, body)
-        if body.logprobs:
-            raise APIError(400, "logprobs: not supported by this server; leave it unset", "logprobs")
-        return await _serve(state, body, _prompts(state, body.prompt), "prompt", body.max_tokens, chat=False)
+        return await _serve(state, request, body, _prompts(state, body.prompt), "prompt", body.max_tokens,
+                            body.logprobs, chat=False)
 
     return app
 
@@ -118,7 +124,7 @@ def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list
 
 
 def _params(state: ServerState, body: SamplingFields, prompt: list[int], field: str,
-            max_tokens: int | None) -> list[SamplingParams]:
+            max_tokens: int | None, logprobs: int | None) -> list[SamplingParams]:
     """One SamplingParams per choice; raises a 400 naming the field when the request can never fit."""
     engine = state.llm.engine
     max_position = engine.config.max_position
@@ -143,11 +149,15 @@ def _params(state: ServerState, body: SamplingFields, prompt: list[int], field: 
     if body.n * need > blocks.num_blocks:
         raise APIError(400, f"n: {body.n} choices of {need} KV blocks each exceed the server's {blocks.num_blocks} "
                             "blocks; lower n or max_tokens", "n")
-    return [SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
-                           top_p=body.top_p, min_p=body.min_p, presence_penalty=body.presence_penalty,
-                           frequency_penalty=body.frequency_penalty,
-                           seed=None if body.seed is None else body.seed + i, stop=body.stop_strings(),
-                           ignore_eos=body.ignore_eos) for i in range(body.n)]
+    try:
+        return [SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
+                               top_p=body.top_p, min_p=body.min_p, presence_penalty=body.presence_penalty,
+                               frequency_penalty=body.frequency_penalty,
+                               seed=None if body.seed is None else body.seed + i, stop=body.stop_strings(),
+                               ignore_eos=body.ignore_eos, logprobs=logprobs) for i in range(body.n)]
+    except ValueError as e:  # SamplingParams' messages begin with the field ("stop strings must be ...")
+        name = str(e).split()[0]
+        raise APIError(400, str(e), name if name in type(body).model_fields else None) from e
 
 
 async def _submit_all(state: ServerState, jobs: Sequence[tuple[list[int], SamplingParams]]) -> list[RequestStream]:
@@ -172,31 +182,60 @@ def _usage(prompts: Sequence[list[int]], completions: Sequence[Completion]) -> d
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
-async def _serve(state: ServerState, body: SamplingFields, prompts: list[list[int]], field: str,
-                 max_tokens: int | None, *, chat: bool) -> Response:
-    jobs = [(p, params) for p in prompts for params in _params(state, body, p, field, max_tokens)]
+async def _serve(state: ServerState, request: Request, body: SamplingFields, prompts: list[list[int]], field: str,
+                 max_tokens: int | None, logprobs: int | None, *, chat: bool) -> Response:
+    jobs = [(p, params) for p in prompts for params in _params(state, body, p, field, max_tokens, logprobs)]
     streams = await _submit_all(state, jobs)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.served_model_name}
+    fmt = LogprobFormatter(state.llm.tokenizer) if logprobs is not None else None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(_sse(streams, head, prompts, chat, include_usage), media_type="text/event-stream")
-    try:
-        done = [await s.completion() for s in streams]
-    finally:
-        for s in streams:
-            s.abort()
+        return StreamingResponse(_sse(streams, head, prompts, chat, include_usage, fmt),
+                                 media_type="text/event-stream")
+    done = await _completions_unless_disconnected(request, streams)
+    if done is None:  # nobody to answer
+        return Response(status_code=499)
     if any(c is None for c in done):
         raise APIError(503, "the server shut down before the request finished", None, "shutdown")
     comps = [c for c in done if c is not None]
-    if chat:
-        choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                    "finish_reason": c.finish_reason} for i, c in enumerate(comps)]
-    else:
-        choices = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-                   for i, c in enumerate(comps)]
+    choices = []
+    for i, c in enumerate(comps):
+        lp: dict[str, Any] | None = None
+        if fmt is not None and c.logprobs is not None:
+            lp = fmt.chat(c.logprobs) if chat else fmt.completion(c.logprobs)[0]
+        if chat:
+            choices.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp,
+                            "finish_reason": c.finish_reason})
+        else:
+            choices.append({"index": i, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
     return JSONResponse({**head, "choices": choices, "usage": _usage(prompts, comps)})
+
+
+async def _completions_unless_disconnected(request: Request,
+                                           streams: list[RequestStream]) -> list[Completion | None] | None:
+    """Wait for every stream's completion; None if the client disconnects first. Either way the streams are
+    aborted on the way out (a no-op for finished ones), so a request nobody waits for frees its KV blocks."""
+    import asyncio
+
+    async def all_done() -> list[Completion | None]:
+        return [await s.completion() for s in streams]
+
+    async def disconnected() -> None:
+        # The body was read already: the next ASGI message is the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work, gone = asyncio.ensure_future(all_done()), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (work, gone):
+            task.cancel()
+        for s in streams:
+            s.abort()
+    return work.result() if work.done() and not work.cancelled() else None
 
 
 def _sse_line(obj: dict[str, Any] | str) -> str:
@@ -204,20 +243,32 @@ def _sse_line(obj: dict[str, Any] | str) -> str:
 
 
 async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list[list[int]], chat: bool,
-               include_usage: bool) -> AsyncIterator[str]:
+               include_usage: bool, fmt: LogprobFormatter | None) -> AsyncIterator[str]:
     """Server-sent events of all choices, interleaved as their pieces arrive; aborts them when the client
-    goes away (the generator is closed or cancelled)."""
+    goes away (the generator is closed or cancelled). With ``fmt``, each text chunk carries the logprobs of
+    the tokens generated since the previous chunk of its choice."""
     import asyncio
 
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
-    chunk: Callable[[int, str | None, str | None], dict[str, Any]]
+    offsets = [0] * len(streams)  # completions: text_offset of each choice's next token
+
+    def logprobs(i: int, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if fmt is None or not entries:
+            return None
+        if chat:
+            return fmt.chat(entries)
+        obj, offsets[i] = fmt.completion(entries, offsets[i])
+        return obj
+
+    chunk: Callable[[int, str | None, str | None, Sequence[TokenLogprob]], dict[str, Any]]
     if chat:
-        def chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
+        def chunk(i: int, text: str | None, finish: str | None, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
             delta = {} if text is None else {"content": text}
-            return {**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs(i, lps),
+                                         "finish_reason": finish}]}
     else:
-        def chunk(i: int, text: str | None, finish: str | None) -> dict[str, Any]:
-            return {**head, "choices": [{"index": i, "text": text or "", "logprobs": None,
+        def chunk(i: int, text: str | None, finish: str | None, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+            return {**head, "choices": [{"index": i, "text": text or "", "logprobs": logprobs(i, lps),
                                          "finish_reason": finish}]}
 
     merged: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -237,12 +288,12 @@ async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list
         while open_streams:
             i, event = await merged.get()
             if isinstance(event, TextEvent):
-                yield _sse_line(chunk(i, event.piece, None))
+                yield _sse_line(chunk(i, event.piece, None, event.logprobs))
                 continue
             open_streams -= 1
             if isinstance(event, DoneEvent):
                 completions.append(event.completion)
-                yield _sse_line(chunk(i, None if chat else "", event.completion.finish_reason))
+                yield _sse_line(chunk(i, None if chat else "", event.completion.finish_reason, ()))
             else:
                 yield _sse_line({"error": {"message": "the server shut down before the request finished",
                                            "type": "service_unavailable_error", "param": None, "code": "shutdown"}})

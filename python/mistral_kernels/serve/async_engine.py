@@ -7,8 +7,9 @@ through a thread-safe inbox of commands (add a request, abort one) and gets back
 =====================  ==========================================================================
 event                  meaning
 =====================  ==========================================================================
-``TextEvent(piece)``   newly final text (one detokenised piece; text that may still start a stop
-                       string is held back by the engine)
+``TextEvent(piece,     newly final text (one detokenised piece; text that may still start a stop
+logprobs)``            string is held back by the engine) and the log-probabilities of the tokens
+                       generated since the last event (when the request asked for them)
 ``DoneEvent(c)``       the request finished with :class:`~mistral_kernels.engine.Completion` ``c``
 ``AbortedEvent()``     the server shut down before it finished
 =====================  ==========================================================================
@@ -30,6 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..engine import Completion, Engine
+from ..logprobs import TokenLogprob
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 
@@ -39,6 +41,7 @@ __all__ = ["AbortedEvent", "AsyncEngine", "DoneEvent", "Overloaded", "RequestStr
 @dataclass(frozen=True)
 class TextEvent:
     piece: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,8 @@ class AsyncEngine:
                 self.metrics.aborted.inc()
             self._tracked.pop(cmd.rid, None)
             return
+        if not cmd.result.set_running_or_notify_cancel():  # the submitter was cancelled while it waited
+            return
         try:
             rid = self.engine.add_request(cmd.prompt_ids, cmd.params)
         except ValueError as e:
@@ -227,8 +232,9 @@ class AsyncEngine:
                 m.inter_token_latency.observe(now - t.last_token)
             t.last_token = now
             piece = self.engine.drain_text(rid)
-            if piece:
-                self._publish(t, TextEvent(piece))
+            logprobs = tuple(self.engine.drain_logprobs(rid))
+            if piece or logprobs:
+                self._publish(t, TextEvent(piece, logprobs))
         for rid in finished:
             completion = self.engine.pop_completion(rid)
             t = self._tracked.pop(rid, None)

@@ -5,11 +5,14 @@ are ignored, as the OpenAI API does for clients that send newer ones. Responses 
 :mod:`.app` with these shapes:
 
 * chat completion ``{"id", "object": "chat.completion", "created", "model", "choices": [{"index",
-  "message": {"role": "assistant", "content"}, "finish_reason", "logprobs": None}], "usage"}``
+  "message": {"role": "assistant", "content"}, "finish_reason", "logprobs"}], "usage"}``
 * chat chunk (streaming) ``{"object": "chat.completion.chunk", "choices": [{"index", "delta": {...},
-  "finish_reason"}], ...}``, then with ``stream_options.include_usage`` a last chunk with ``"choices": []``
-  and ``usage``; the stream ends with ``data: [DONE]``
-* completion ``{"object": "text_completion", "choices": [{"index", "text", "finish_reason"}], ...}``
+  "finish_reason", "logprobs"}], ...}``, then with ``stream_options.include_usage`` a last chunk with
+  ``"choices": []`` and ``usage``; the stream ends with ``data: [DONE]``
+* completion ``{"object": "text_completion", "choices": [{"index", "text", "finish_reason", "logprobs"}],
+  ...}``
+
+``logprobs`` is None unless asked for (shapes in :mod:`.logprobs_format`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..sampling import MAX_LOGPROBS
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "SamplingFields", "StreamOptions",
            "TextPart"]
@@ -40,7 +45,7 @@ class SamplingFields(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -72,9 +77,9 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, gt=0)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)

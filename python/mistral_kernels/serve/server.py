@@ -40,7 +40,7 @@ def _exit_zero(sig: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def serve_main(args: argparse.Namespace, dtype: torch.dtype) -> int:
+def serve_main(args: argparse.Namespace, dtype: torch.dtype | None) -> int:
     if args.tp > 1:
         print("mistral-kernels serve: --tp > 1 is not supported yet; serve one process (--tp 1)", file=sys.stderr)
         return 2

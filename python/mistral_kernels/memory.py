@@ -1,0 +1,60 @@
+"""Will it fit? Weights + KV cache vs the memory available, checked before loading.
+
+A model that does not fit is otherwise found out by the OOM killer, minutes into loading. The estimate is
+the weights (parameter count × element size; the loader's peak is the weights plus a bounded scratch,
+see weights.py) plus the KV cache pool (blocks × block size × bytes per token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+__all__ = ["MemoryWarning", "available_memory", "memory_warning"]
+
+
+class MemoryWarning(UserWarning):
+    """The weights and the KV cache asked for exceed the memory available."""
+
+
+def available_memory(device: torch.device | str) -> int | None:
+    """Bytes available for new allocations: ``MemAvailable`` of /proc/meminfo on the CPU, free memory of a
+    CUDA device; None when unknown."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    if dev.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory_warning(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, kv_tokens: int,
+                   available: int | None = None) -> str | None:
+    """A message when weights + a KV cache of ``kv_tokens`` tokens in ``dtype`` exceed ``available`` bytes
+    (default: :func:`available_memory`), else None. The message gives the numbers and what to change."""
+    available = available_memory(device) if available is None else available
+    if available is None:
+        return None
+    weights = config.num_parameters() * dtype.itemsize
+    kv = kv_tokens * config.kv_bytes_per_token(dtype)
+    if weights + kv <= available:
+        return None
+    gib = 2 ** 30
+    hints = []
+    if dtype.itemsize > 2:
+        hints.append("a 2-byte dtype (--dtype bf16) halves both")
+    if kv > 0:
+        hints.append("fewer KV cache blocks (--num-blocks, --max-batch) shrink the cache")
+    hints.append("or free memory")
+    return (f"the model needs {weights / gib:.1f} GiB of weights + {kv / gib:.1f} GiB of KV cache "
+            f"({kv_tokens} tokens) in {str(dtype).removeprefix('torch.')} = {(weights + kv) / gib:.1f} GiB, but only "
+            f"{available / gib:.1f} GiB of {torch.device(device).type} memory is available; loading may fail or be "
+            f"killed. " + "; ".join(hints) + ".")
