@@ -1,7 +1,7 @@
 """End-to-end generation benchmark: ours vs transformers on the same weights, in one process run.
 
     python benchmarks/bench_generate.py [--model smollm2|mixtral|all] [--dtype fp32|bf16|both]
-                                        [--new-tokens 32] [--prompt-tokens 128]
+                                        [--new-tokens 32] [--prompt-tokens 128] [--device cpu|cuda]
 
 Models: SmolLM2-135M-Instruct (the default GGUF, real weights) and a random Mixtral-shaped model
 (8 experts, top-2, ~1B parameters, saved with transformers' save_pretrained into a temp dir).
@@ -10,7 +10,8 @@ Measured: prompt tok/s (one prefill of --prompt-tokens), decode tok/s at batch 1
 bytes read per decode step (weights once + the KV cache) / the measured copy bandwidth.
 Targets (CPU, 2 cores; benchmarks/results/cpu_summary.md): SmolLM2 bf16 decode ≥ 4× transformers and ≥ 90 %
 of the roofline; prompt ≥ 1.5× transformers; Mixtral decode ≥ 5× transformers. The table marks each target
-met / missed.
+met / missed. With ``--device cuda`` both run on the GPU (ours with CUDA-graph decode), the roofline is the
+HBM bandwidth of a device copy measured in the same run, and the table goes to results/gpu_generate.md.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, markdown_table  # noqa: E402
+from common import copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
 
 import mistral_kernels  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
@@ -38,12 +39,12 @@ def _prompt_ids(vocab: int, n: int, batch: int) -> list[list[int]]:
 
 
 # ---- ours -----------------------------------------------------------------------------------------------
-def ours(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int) -> dict[str, float]:
+def ours(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, device: str = "cpu") -> dict[str, float]:
     from mistral_kernels.sampling import SamplingParams
 
     # The random Mixtral has no tokenizer of its own: borrow SmolLM2's (same vocabulary size); prompts are ids.
     tokenizer = None if path.suffix == ".gguf" else default_model_path()
-    llm = mistral_kernels.LLM(path, dtype=dtype, max_batch=8, tokenizer=tokenizer)
+    llm = mistral_kernels.LLM(path, dtype=dtype, max_batch=8, tokenizer=tokenizer, device=device)
     cfg = llm.model.config
     res: dict[str, float] = {}
     prompt = _prompt_ids(cfg.vocab_size, prompt_tokens, 1)[0]
@@ -70,21 +71,26 @@ def ours(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int) ->
 
 
 # ---- transformers -------------------------------------------------------------------------------------
-def hf(model: torch.nn.Module, vocab: int, prompt_tokens: int, new_tokens: int) -> dict[str, float]:
+def hf(model: torch.nn.Module, vocab: int, prompt_tokens: int, new_tokens: int, device: str = "cpu") -> dict[str, float]:
     res: dict[str, float] = {}
-    prompt = torch.tensor(_prompt_ids(vocab, prompt_tokens, 1))
+    prompt = torch.tensor(_prompt_ids(vocab, prompt_tokens, 1), device=device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     with torch.inference_mode():
         model(prompt[:, :16])  # warm-up
+        sync()
         t0 = time.perf_counter()
         model(prompt)
+        sync()
         res["prompt_tok_s"] = prompt_tokens / (time.perf_counter() - t0)
         for batch in (1, 8):
-            ids = torch.tensor([p[:16] for p in _prompt_ids(vocab, 16, batch)])
+            ids = torch.tensor([p[:16] for p in _prompt_ids(vocab, 16, batch)], device=device)
             t0 = time.perf_counter()
             model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            sync()
             t_first = time.perf_counter() - t0
             t0 = time.perf_counter()
             model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            sync()
             res[f"decode_tok_s_b{batch}"] = batch * (new_tokens - 1) / (time.perf_counter() - t0 - t_first)
     return res
 
@@ -133,10 +139,13 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = ap.parse_args()
-    bw = copy_bandwidth_gbs()
-    print(f"copy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads")
+    gpu = torch.device(args.device).type == "cuda"
+    bw = copy_bandwidth_gbs(device=args.device)
+    where = device_name(args.device)
+    print(f"{where}: copy bandwidth {bw:.1f} GB/s")
     dtypes = ["fp32", "bf16"] if args.dtype == "both" else [args.dtype]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,28 +157,29 @@ def main() -> None:
         for name, path in models:
             for dt in dtypes:
                 dtype = DTYPES[dt]
-                o = ours(path, dtype, args.prompt_tokens, args.new_tokens)
+                o = ours(path, dtype, args.prompt_tokens, args.new_tokens, args.device)
                 if path.suffix == ".gguf":
                     ref_model = load_hf_smollm2(path, dtype)
                 else:
                     from transformers import AutoModelForCausalLM
 
                     ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-                h = hf(ref_model, ref_model.config.vocab_size, args.prompt_tokens, args.new_tokens)
+                ref_model = ref_model.to(args.device)
+                h = hf(ref_model, ref_model.config.vocab_size, args.prompt_tokens, args.new_tokens, args.device)
                 del ref_model
                 roof = bw * 1e9 / (o["weight_bytes"] + 16 * o["kv_bytes_per_token"])
                 for key, label in [("prompt_tok_s", "prompt tok/s"), ("decode_tok_s_b1", "decode tok/s b=1"),
                                    ("decode_tok_s_b8", "decode tok/s b=8")]:
                     pct = f"{100 * o[key] / roof:.0f}%" if key == "decode_tok_s_b1" else ""
-                    rows.append([name, dt, label, o[key], h[key], o[key] / h[key], pct,
-                                 _target(name, dt, key, o[key] / h[key], 100 * o[key] / roof)])
+                    target = "" if gpu else _target(name, dt, key, o[key] / h[key], 100 * o[key] / roof)
+                    rows.append([name, dt, label, o[key], h[key], o[key] / h[key], pct, target])
                     print(rows[-1], flush=True)
     table = markdown_table(["model", "dtype", "metric", "ours", "transformers", "ratio", "% roofline", "target"], rows)
     print()
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_generate.md").write_text(
-        f"copy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads, {args.new_tokens} new tokens, "
+    (args.out / ("gpu_generate.md" if gpu else "bench_generate.md")).write_text(
+        f"{where}, copy bandwidth {bw:.1f} GB/s, {args.new_tokens} new tokens, "
         f"{args.prompt_tokens}-token prompt\n\n{table}\n")
 
 

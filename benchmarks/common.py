@@ -1,6 +1,8 @@
-"""Benchmark helpers: median wall time after warm-up, the machine's copy bandwidth, markdown tables.
+"""Benchmark helpers: median wall time after warm-up (CUDA events on a GPU), the copy bandwidth of the
+device (host memory or HBM, measured in the same run), markdown tables.
 
-Timings are ratios measured in one process run (ours vs reference / transformers); never asserted in tests.
+Timings are ratios measured in one process run (ours vs reference / transformers / the device's copy
+bandwidth); never asserted in tests.
 """
 
 from __future__ import annotations
@@ -30,12 +32,40 @@ def median_time(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15,
     return statistics.median(times)
 
 
-def copy_bandwidth_gbs(nbytes: int = 256 << 20) -> float:
-    """Measured memory bandwidth (GB/s) of a large tensor copy: reads + writes / time."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32)
+def cuda_time(fn: Callable[[], object], *, warmup: int = 5, repeats: int = 30) -> float:
+    """Median seconds per call of ``fn`` on the current CUDA stream, each call timed by a pair of CUDA events."""
+    for _ in range(warmup):
+        fn()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+
+def device_time(fn: Callable[[], object], device: str, **kw: int) -> float:
+    """:func:`cuda_time` on a CUDA device, :func:`median_time` elsewhere."""
+    return cuda_time(fn, **kw) if torch.device(device).type == "cuda" else median_time(fn, **kw)
+
+
+def copy_bandwidth_gbs(nbytes: int = 256 << 20, device: str = "cpu") -> float:
+    """Measured memory bandwidth (GB/s) of a large tensor copy on ``device``: reads + writes / time (on a GPU
+    1 GiB, well beyond the L2 cache: the HBM bandwidth a kernel can reach)."""
+    if torch.device(device).type == "cuda":
+        nbytes = max(nbytes, 1 << 30)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    t = median_time(lambda: dst.copy_(src), warmup=2, repeats=7)
+    t = device_time(lambda: dst.copy_(src), device, warmup=2, repeats=7)
     return 2 * nbytes / t / 1e9
+
+
+def device_name(device: str) -> str:
+    """The GPU's name (torch.cuda.get_device_name) or "CPU, N threads"."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU, {torch.get_num_threads()} threads"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

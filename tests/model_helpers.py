@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from mistral_kernels.batch import AttentionBatch
+from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
 
 
@@ -109,3 +110,28 @@ def save_consolidated(hf_dir: Path, out_dir: Path) -> None:
     if cfg["model_type"] == "mixtral":
         params["moe"] = {"num_experts": cfg["num_local_experts"], "num_experts_per_tok": cfg["num_experts_per_tok"]}
     (out_dir / "params.json").write_text(json.dumps(params))
+
+
+def random_model(config: ModelConfig, *, device: str = "cpu", kernels: object = None, seed: int = 0) -> Model:
+    """A :class:`Model` with random fused weights (names and shapes of mistral_kernels.weights), fp32."""
+    from mistral_kernels import ops
+
+    g = torch.Generator().manual_seed(seed)
+    c = config
+
+    def rnd(*shape: int, scale: float = 0.1) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    w: dict[str, torch.Tensor] = {"embed": rnd(c.vocab_size, c.dim, scale=1.0), "norm": 1 + rnd(c.dim),
+                                  "lm_head": rnd(c.vocab_size, c.dim)}
+    qkv_rows = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    for n in range(c.n_layers):
+        p = f"layers.{n}."
+        w |= {p + "attn_norm": 1 + rnd(c.dim), p + "ffn_norm": 1 + rnd(c.dim), p + "qkv": rnd(qkv_rows, c.dim),
+              p + "wo": rnd(c.dim, c.n_heads * c.head_dim)}
+        if c.is_moe:
+            w |= {p + "gate": rnd(c.num_experts, c.dim), p + "w1": rnd(c.num_experts, c.hidden_dim, c.dim),
+                  p + "w3": rnd(c.num_experts, c.hidden_dim, c.dim), p + "w2": rnd(c.num_experts, c.dim, c.hidden_dim)}
+        else:
+            w |= {p + "w13": rnd(2 * c.hidden_dim, c.dim), p + "w2": rnd(c.dim, c.hidden_dim)}
+    return Model(c, w, kernels if kernels is not None else ops)

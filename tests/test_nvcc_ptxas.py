@@ -37,7 +37,6 @@ REGS_PER_SM = 65536
 KNOWN = {
     ("paged_prefill_kernel<float, 256>", "sm_86"): "smem: fp32 D 256 SIMT prefill needs 139,264 B > 99 KiB",
     ("paged_prefill_kernel<float, 256>", "sm_89"): "smem: fp32 D 256 SIMT prefill needs 139,264 B > 99 KiB",
-    ("paged_decode_kernel<float, 64, 4>", "sm_90"): "spills: 8 bytes",
 }
 
 

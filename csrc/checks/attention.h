@@ -147,11 +147,6 @@ inline void decode_shape_args(const char* op, const at::Tensor& q, const at::Ten
   }
 }
 
-// The automatic partition size: `preferred` keys, raised when the capacity would need too many partitions.
-inline int64_t auto_partition_size(int64_t preferred, int64_t capacity) {
-  return std::max(preferred, (capacity + kMaxDecodePartitions - 1) / kMaxDecodePartitions);
-}
-
 // CPU index tensors only: every seq_lens[b] in [0, M*S] and the block ids of the blocks the kernels
 // read — logical blocks first/S … (seq_lens[b]-1)/S with first = first_visible_key(first query position,
 // window) — in [0, N). The first query sits at seq_lens[b]-1 for decode (cu_seqlens_q undefined) and at

@@ -22,9 +22,16 @@ inline void require_device(const char* op, const char* arg, const at::Tensor& t)
               t.device());
 }
 
+// Launch planning sees an H100's 132 SMs, so the emulated tests run the grid shapes an H100 gets; the
+// shared-memory limit is the emulator's (sm_80's 163 KiB, csrc/simt/emu_launch.cpp).
+inline constexpr int kEmulatedSmCount = 132;
+inline constexpr int kEmulatedMaxSmem = 163 * 1024;
+
 struct Context {
   explicit Context(const at::Tensor&) {}
   cudaStream_t stream() const { return nullptr; }
+  int sm_count() const { return kEmulatedSmCount; }
+  int max_smem_per_block() const { return kEmulatedMaxSmem; }
 };
 
 }  // namespace mk::inline MK_ABI::backend

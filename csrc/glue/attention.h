@@ -56,18 +56,19 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
   check::decode_shape_args(op, q, k_cache, block_tables, seq_lens, sliding_window, partition_size);
   check::paged_indices_cpu(op, k_cache, block_tables, seq_lens, sliding_window);  // emulated (CPU) index tensors
   if (out.numel() == 0) return;
+  backend::Context ctx(q);
   const int64_t B = seq_lens.size(0);
-  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
-  const int64_t part = std::min(partition_size > 0 ? partition_size : check::auto_partition_size(kDecodeAutoPartition, capacity),
-                                std::max<int64_t>(capacity, 1));  // ≥ capacity: one partition (and fits an int)
-  const int64_t P = decode_num_partitions(capacity, sliding_window, part);
-  const int64_t Hq = q.size(1), D = q.size(2);
+  const int64_t Hq = q.size(1), D = q.size(2), Hkv = k_cache.size(2), G = Hq / Hkv;
+  // Split-K from shapes and the SM count only (attention_plan.h): no sync, graph-capturable.
+  const DecodePlan plan = decode_plan(B, Hkv * ceil_div(G, decode_group_chunk(static_cast<int>(G))),
+                                      decode_key_range(block_tables.size(1) * k_cache.size(1), sliding_window),
+                                      partition_size, ctx.sm_count());
+  const int64_t part = plan.part_size, P = plan.partitions;
   at::Tensor part_out, part_ml;
   if (P > 1) {
     part_out = at::empty({B, Hq, P, D}, q.options().dtype(at::kFloat));
     part_ml = at::empty({2, B, Hq, P}, q.options().dtype(at::kFloat));
   }
-  backend::Context ctx(q);
   MK_DISPATCH_FLOAT(q.scalar_type(), op, [&] {
     DecodeParams<kernel_t<scalar_t>> p{check::paged_cache_of<kernel_t<scalar_t>>(k_cache, v_cache, block_tables)};
     p.out = kptr<scalar_t>(out);
@@ -82,8 +83,9 @@ inline void paged_decode_attention(at::Tensor& out, const at::Tensor& q, const a
     p.B = static_cast<int>(B);
     p.Hq = static_cast<int>(Hq);
     p.window = kernel_window(sliding_window, k_cache, block_tables);
-    p.part_size = static_cast<int>(part);
+    p.part_size = partition_size > 0 ? static_cast<int>(part) : 0;  // 0: sized per sequence in the kernel
     p.P = static_cast<int>(P);
+    p.b0 = 0;
     p.scale = static_cast<float>(scale);
     check_attention_launch(launch_paged_decode(p, static_cast<int>(D), ctx.stream()), op);
   });
@@ -116,8 +118,13 @@ inline void paged_prefill_attention(at::Tensor& out, const at::Tensor& q, const 
     p.scale = static_cast<float>(scale);
     // fp16 / bf16: the tensor-core kernel (paged_prefill_tc.cuh); fp32 and its fallback rule: the SIMT one
     const int D = static_cast<int>(q.size(2));
-    check_attention_launch(paged_prefill_tc_supported(p, D)
-                               ? launch_paged_prefill_tc(p, q.size(0), static_cast<int>(B), D, ctx.stream())
+    const bool tc = paged_prefill_tc_supported(p, D);
+    const size_t smem = prefill_smem_bytes<kernel_t<scalar_t>>(D);
+    TORCH_CHECK(tc || smem <= static_cast<size_t>(ctx.max_smem_per_block()), op, ": ", q.scalar_type(),
+                " with head_dim ", D, " needs ", smem / 1024, " KiB of shared memory per block, this GPU allows ",
+                ctx.max_smem_per_block() / 1024, " KiB (sm_86 / sm_89: 99 KiB); use bfloat16 or float16 (the "
+                "tensor-core kernel) or a GPU with more shared memory (A100, H100)");
+    check_attention_launch(tc ? launch_paged_prefill_tc(p, q.size(0), static_cast<int>(B), D, ctx.stream())
                                : launch_paged_prefill(p, q.size(0), static_cast<int>(B), D, ctx.stream()),
                            op);
   });

@@ -3,14 +3,19 @@
 // framework-free).
 //
 // Shapes: B sequences, Hq / Hkv heads, G = Hq/Hkv, D head_dim, N num_blocks, S block_size, M max_blocks,
-// P partitions, PS keys per partition, GC q heads per block (the GQA group, or a slice of 8 of it).
+// P partitions, PS keys per partition, GC q heads per block (1, or a slice of 4 of the GQA group).
 //   q [B, Hq, D] (token stride q_stride), out [B, Hq, D] contiguous,
 //   k_cache / v_cache [N, S, Hkv, D], block_tables int32 [B, M], seq_lens int32 [B],
 //   split-K workspace (P > 1): part_out f32 [B, Hq, P, D], part_m / part_l f32 [B, Hq, P].
 // The query of sequence b sits at pos = seq_lens[b]-1 and sees keys first ≤ j ≤ pos with
-// first = first_visible_key(pos, W) (common.cuh). Partition z covers keys [first + z·PS, first + (z+1)·PS).
+// first = first_visible_key(pos, W) (common.cuh). Partition z covers keys [first + z·PS, first + (z+1)·PS),
+// PS = decode_partition_size: the caller's partition_size, or (automatic, p.part_size = 0) the sequence's
+// own visible keys split over the P planned partitions, in multiples of 32 keys — so a short sequence in
+// a table planned for a long capacity (the static buffers of the CUDA-graph runner) still spreads over
+// the partitions instead of leaving all but the first one idle.
 //
-// Grid (Hkv·ceil(G/GC), B, P), 4 warps. Each block streams its partition's K/V rows ONCE for all GC q
+// Grid (Hkv·ceil(G/GC), B, P), 4 warps (B in chunks of ≤ 65535 launches, p.b0 the chunk's first sequence;
+// P and the partition size from decode_plan, attention_plan.h; partitions past a sequence's keys exit at once). Each block streams its partition's K/V rows ONCE for all GC q
 // heads of its kv head (native GQA: q heads held in registers). Within a warp, a key is handled by TPK
 // lanes (TPK = D/VEC rounded up to a power of two), each loading 16-byte vectors (VEC = 16/sizeof(T)
 // elements) of K and V, so a warp reads 32/TPK whole rows per step and the 4 warps interleave steps:
@@ -23,26 +28,48 @@
 //
 // Roofline: memory-bound. Bytes = Σ_b visible_keys_b · Hkv · D · 2 · sizeof(T) (K and V, read once) +
 // 2·B·Hq·D·sizeof(T); FLOPs ≈ 4 · that/sizeof(T) · G/2 — arithmetic intensity ≈ G/sizeof(T) FLOP/byte
-// (≤ 4 for bf16, G ≤ 8), far below an A100's ~150 FLOP/byte, so the bound is HBM bandwidth: a 4k-token
-// context with Hkv = 8, D = 128, bf16 moves 16.8 MB per layer ≈ 8.4 µs at 2 TB/s. Split-K adds
-// B·Hq·P·D·4·2 bytes of workspace traffic (≪ K/V for PS = 512) and keeps ≥ ~2 blocks per SM busy
-// when B·Hkv alone would not fill the GPU.
+// (≤ 4 for bf16, G ≤ 8), far below an A100's ~150 FLOP/byte, so the bound is HBM bandwidth.
+//
+// Design estimate (not measured: no GPU has run this version yet; benchmarks/bench_attention.py
+// --device cuda measures it). Mistral 7B (Hkv = 8, D = 128, bf16), one layer, one decode step:
+//   B = 1, 4k context: K+V = 4096 · 8 · 128 · 2 · 2 B = 16.8 MB → 5.0 µs at an H100's ~3.35 TB/s;
+//     split-K workspace (43 partitions · 32 heads · 128 · 4 B · 2) ≈ 1.4 MB more (8 %).
+//   B = 64, 4k context: 1.07 GB → 320 µs at 3.35 TB/s; one partition per block (no workspace).
+// Expected: ≥ 70 % of the HBM bandwidth for ≥ 2k-key contexts once ≥ 2 blocks per SM are busy
+// (attention_plan.h picks the partitions for that) and each lane keeps U = 4 key steps of K and V loads
+// in flight: 16-byte loads, 8 per lane before the first dependent FMA, ≈ 16 KiB in flight per block, 3
+// blocks per SM (__launch_bounds__; ptxas sm_90, D = 128 bf16: 166 registers for GC = 4, no spills). Below ~512 keys the step is
+// launch- and latency-bound (a few µs whatever the kernel does): the CUDA graphs of
+// mistral_kernels/decode_graphs.py remove the launch overhead there.
 #pragma once
 
 #include "../simt/portable.cuh"
+#include "attention_plan.h"
 #include "common.cuh"
 
 namespace mk::inline MK_ABI {
 
 inline constexpr int kDecodeWarps = 4;
-inline constexpr int64_t kDecodeAutoPartition = 512;  // keys per partition when the caller passes 0
 
-// Partitions needed for the longest possible visible range (block-table capacity, or the window).
-// Host-side, from shapes only: no device sync.
-MK_HD int64_t decode_num_partitions(int64_t capacity, int64_t window, int64_t part_size) {
-  const int64_t w = effective_window(window, capacity), range = w > 0 ? w : capacity;
-  return range <= part_size ? 1 : ceil_div(range, part_size);
+// Keys per partition of a sequence with `keys` visible keys: the fixed size, or 0 → automatic (see the
+// header): ceil(keys / P) rounded up to 32, so at most P partitions are used.
+MK_HD int64_t decode_partition_size(int64_t fixed, int64_t keys, int P) {
+  if (fixed > 0) return fixed;
+  const int64_t per = ceil_div(keys > 0 ? keys : 1, P);
+  return ceil_div(per, kDecodeMinPartition) * kDecodeMinPartition;
 }
+
+// The longest possible visible range of a query: the block-table capacity, or the window (the `range` of
+// decode_plan). Host-side, from shapes only: no device sync.
+MK_HD int64_t decode_key_range(int64_t capacity, int64_t window) {
+  const int64_t w = effective_window(window, capacity);
+  return w > 0 ? w : capacity;
+}
+
+// q heads one block serves (GC): 1 without GQA, else slices of 4 of the group. A GC = 8 instance needs
+// ~246 registers (2 blocks per SM) or spills under a 3-blocks-per-SM bound; G = 8 therefore runs two
+// blocks per kv head, which read the same K/V rows (the second one mostly from L2).
+MK_HD int decode_group_chunk(int G) { return G == 1 ? 1 : 4; }
 
 // The cache fields (k_cache, v_cache, block_tables, Hkv, S, M, N) come from PagedCache; window is
 // effective_window(W, M·S).
@@ -55,7 +82,8 @@ struct DecodeParams : PagedCache<T> {
   float* part_m;    // [B, Hq, P]
   float* part_l;    // [B, Hq, P]
   int64_t q_stride;
-  int B, Hq, window, part_size, P;
+  int B, Hq, window, part_size, P;  // part_size 0: automatic per sequence (decode_partition_size)
+  int b0;  // first sequence of this launch (B is split into chunks of ≤ 65535: grid.y)
   float scale;
 };
 
@@ -72,7 +100,7 @@ struct DecodeLayout {
 };
 
 template <typename T, int D, int GC>
-__global__ void __launch_bounds__(kDecodeWarps * 32)
+__global__ void __launch_bounds__(kDecodeWarps * 32, 3)  // ≥ 3 blocks per SM (ptxas: ≤ 168 registers)
 paged_decode_kernel(const DecodeParams<T> p) {
   using Lay = DecodeLayout<T, D>;
   using V = Vec<T, Lay::VEC>;
@@ -89,11 +117,16 @@ paged_decode_kernel(const DecodeParams<T> p) {
   const int kvh = blockIdx.x / groups;
   const int h0 = kvh * G + (blockIdx.x % groups) * GC;  // first q head of this block
   const int nh = min(GC, kvh * G + G - h0);             // q heads of this block that exist
-  const int b = blockIdx.y, part = blockIdx.z;
-  const int64_t len = p.seq_lens[b];
-  const int64_t first = first_visible_key(len - 1, p.window);
-  const int64_t kbeg = first + static_cast<int64_t>(part) * p.part_size;
-  const int64_t kend = min(len, kbeg + p.part_size);
+  const int b = p.b0 + static_cast<int>(blockIdx.y), part = blockIdx.z;
+  const int len = p.seq_lens[b];
+  const int first = static_cast<int>(first_visible_key(len - 1, p.window));
+  const int64_t part_size = decode_partition_size(p.part_size, len - first, p.P);
+  const int64_t kbeg64 = first + static_cast<int64_t>(part) * part_size;
+  // A partition past the sequence's keys does nothing (the reduce never reads it); partition 0 always
+  // runs so that a sequence without keys still writes its zeros. Block-uniform.
+  if (part > 0 && kbeg64 >= len) return;
+  const int kbeg = static_cast<int>(kbeg64);  // < len: 32-bit key indices from here on
+  const int kend = static_cast<int>(min(static_cast<int64_t>(len), kbeg64 + part_size));
 
   float q[GC][VPL][VEC], acc[GC][VPL][VEC];
   OnlineSoftmax st[GC];
@@ -114,57 +147,58 @@ paged_decode_kernel(const DecodeParams<T> p) {
   }
 
   const PagedKV<const T> kv = p.sequence(b, kvh, D);
-  // j0 is uniform across the warp: every lane runs the same iterations (full-warp shuffles inside).
-  for (int64_t j0 = kbeg + warp * KPW; j0 < kend; j0 += NW * KPW) {
-    const int64_t j = j0 + kslot;
-    const int64_t slot = j < kend ? kv.slot(j) : -1;  // -1 for block ids outside [0, N) too
-    const bool valid = slot >= 0;
-    const int64_t base = valid ? kv.row(slot) : 0;
-    V kr[VPL];
+  // U key steps per iteration: every lane first issues the K and V loads of all U steps (2·U·VPL 16-byte
+  // loads in flight), then does the math. j0 is uniform across the warp: every lane runs the same
+  // iterations and steps (full-warp shuffles inside); a key past kend is invalid, its lanes load nothing.
+  constexpr int U = 4, STEP = NW * KPW;
+  for (int j0 = kbeg + warp * KPW; j0 < kend; j0 += U * STEP) {
+    V kr[U][VPL], vr[U][VPL];
+    bool valid[U];
 #pragma unroll
-    for (int i = 0; i < VPL; ++i) {
-      const int v = sub + i * TPK;
-      if (valid && v < Lay::NV) {
-        kr[i] = *reinterpret_cast<const V*>(kv.k + base + v * VEC);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) kr[i].v[e] = simt::from_float<T>(0.f);
-      }
-    }
-    float s[GC];
-#pragma unroll
-    for (int g = 0; g < GC; ++g) {
-      float d = 0.f;
-#pragma unroll
-      for (int i = 0; i < VPL; ++i)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) d += q[g][i][e] * simt::to_float(kr[i].v[e]);
-#pragma unroll
-      for (int mask = TPK / 2; mask > 0; mask >>= 1) d += simt::shfl_xor(d, mask);
-      s[g] = d;
-    }
-    if (valid) {
-      V vv[VPL];
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * STEP + kslot;
+      const int64_t slot = j < kend ? kv.slot(j) : -1;  // -1 for block ids outside [0, N) too
+      valid[u] = slot >= 0;
+      const int64_t base = valid[u] ? kv.row(slot) : 0;
 #pragma unroll
       for (int i = 0; i < VPL; ++i) {
         const int v = sub + i * TPK;
-        if (v < Lay::NV) {
-          vv[i] = *reinterpret_cast<const V*>(kv.v + base + v * VEC);
+        if (valid[u] && v < Lay::NV) {
+          kr[u][i] = *reinterpret_cast<const V*>(kv.k + base + v * VEC);
+          vr[u][i] = *reinterpret_cast<const V*>(kv.v + base + v * VEC);
         } else {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) vv[i].v[e] = simt::from_float<T>(0.f);
+          for (int e = 0; e < VEC; ++e) kr[u][i].v[e] = vr[u][i].v[e] = simt::from_float<T>(0.f);
         }
       }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float s[GC];
 #pragma unroll
       for (int g = 0; g < GC; ++g) {
-        const float alpha = st[g].rescale(s[g], fast_exp);  // 0 on the first key
-        const float pr = fast_exp(s[g] - st[g].shift());
-        st[g].add(alpha, pr);
+        float d = 0.f;
 #pragma unroll
         for (int i = 0; i < VPL; ++i)
-          if (sub + i * TPK < Lay::NV)
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[g][i][e] = acc[g][i][e] * alpha + pr * simt::to_float(vv[i].v[e]);
+          for (int e = 0; e < VEC; ++e) d += q[g][i][e] * simt::to_float(kr[u][i].v[e]);
+#pragma unroll
+        for (int mask = TPK / 2; mask > 0; mask >>= 1) d += simt::shfl_xor(d, mask);
+        s[g] = d;
+      }
+      if (valid[u]) {
+#pragma unroll
+        for (int g = 0; g < GC; ++g) {
+          const float alpha = st[g].rescale(s[g], fast_exp);  // 0 on the first key
+          const float pr = fast_exp(s[g] - st[g].shift());
+          st[g].add(alpha, pr);
+#pragma unroll
+          for (int i = 0; i < VPL; ++i)
+            if (sub + i * TPK < Lay::NV)
+#pragma unroll
+              for (int e = 0; e < VEC; ++e)
+                acc[g][i][e] = acc[g][i][e] * alpha + pr * simt::to_float(vr[u][i].v[e]);
+        }
       }
     }
   }
@@ -230,21 +264,27 @@ paged_decode_kernel(const DecodeParams<T> p) {
   }
 }
 
-// Second pass of split-K: the P partial states merged in partition order (deterministic):
+// Second pass of split-K: the partial states of the partitions that hold keys of sequence b (the
+// others were skipped by the first pass and hold garbage), merged in partition order (deterministic):
 // out[b, h] = Σ_z w_z · part_out[b, h, z] / Σ_z w_z, w_z = l_z · OnlineSoftmax::weight(m_z, max m) (part_out
-// is normalised, so its accumulator is part_out · l_z). Grid (Hq, B), threads over D.
+// is normalised, so its accumulator is part_out · l_z). Grid (Hq, B chunk), threads over D.
 template <typename T>
 __global__ void __launch_bounds__(128) paged_decode_reduce_kernel(const DecodeParams<T> p, int D) {
   const auto fast_exp = [](float x) { return __expf(x); };
-  const int h = blockIdx.x, b = blockIdx.y;
+  const int h = blockIdx.x, b = p.b0 + static_cast<int>(blockIdx.y);
   const int64_t bh = static_cast<int64_t>(b) * p.Hq + h;
   const float* pm = p.part_m + bh * p.P;
   const float* pl = p.part_l + bh * p.P;
+  const int len = p.seq_lens[b];
+  const int64_t keys = len - first_visible_key(len - 1, p.window);  // ≤ 0 for an empty sequence
+  const int used = keys <= 0 ? 1
+                             : static_cast<int>(min(static_cast<int64_t>(p.P),
+                                                    ceil_div(keys, decode_partition_size(p.part_size, keys, p.P))));
   float mx = -INFINITY;
-  for (int z = 0; z < p.P; ++z) mx = fmaxf(mx, pm[z]);  // empty partitions: -inf
+  for (int z = 0; z < used; ++z) mx = fmaxf(mx, pm[z]);  // a partition that saw no key: -inf
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.f, lsum = 0.f;
-    for (int z = 0; z < p.P; ++z) {
+    for (int z = 0; z < used; ++z) {
       const float w = OnlineSoftmax::weight(pm[z], mx, fast_exp) * pl[z];
       lsum += w;
       o += w * p.part_out[(bh * p.P + z) * D + d];
@@ -254,25 +294,28 @@ __global__ void __launch_bounds__(128) paged_decode_reduce_kernel(const DecodePa
 }
 
 template <typename T, int D>
-cudaError_t launch_paged_decode_d(const DecodeParams<T>& p, cudaStream_t stream) {
-  const int G = p.Hq / p.Hkv;
-  const int GC = G == 1 ? 1 : G <= 4 ? 4 : 8;
-  const dim3 grid(static_cast<unsigned>(p.Hkv * ((G + GC - 1) / GC)), static_cast<unsigned>(p.B),
-                  static_cast<unsigned>(p.P));
+cudaError_t launch_paged_decode_d(const DecodeParams<T>& p0, cudaStream_t stream) {
+  const int G = p0.Hq / p0.Hkv, GC = decode_group_chunk(G);
   const dim3 block(kDecodeWarps * 32);
-  cudaError_t err;
-  if (GC == 1)
-    err = simt::launch(paged_decode_kernel<T, D, 1>, grid, block, 0, stream, p);
-  else if (GC == 4)
-    err = simt::launch(paged_decode_kernel<T, D, 4>, grid, block, 0, stream, p);
-  else
-    err = simt::launch(paged_decode_kernel<T, D, 8>, grid, block, 0, stream, p);
-  if (err != cudaSuccess || p.P == 1) return err;
-  return simt::launch(paged_decode_reduce_kernel<T>, dim3(static_cast<unsigned>(p.Hq), static_cast<unsigned>(p.B)),
-                      dim3(128), 0, stream, p, D);
+  for (int b0 = 0; b0 < p0.B; b0 += static_cast<int>(kMaxGridYZ)) {  // grid.y ≤ 65535
+    DecodeParams<T> p = p0;
+    p.b0 = b0;
+    const unsigned nb = static_cast<unsigned>(min(static_cast<int64_t>(p0.B - b0), kMaxGridYZ));
+    const dim3 grid(static_cast<unsigned>(p.Hkv * ((G + GC - 1) / GC)), nb, static_cast<unsigned>(p.P));
+    cudaError_t err;
+    if (GC == 1)
+      err = simt::launch(paged_decode_kernel<T, D, 1>, grid, block, 0, stream, p);
+    else
+      err = simt::launch(paged_decode_kernel<T, D, 4>, grid, block, 0, stream, p);
+    if (err == cudaSuccess && p.P > 1)
+      err = simt::launch(paged_decode_reduce_kernel<T>, dim3(static_cast<unsigned>(p.Hq), nb), dim3(128), 0, stream,
+                         p, D);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
-// p.P / p.part_size from decode_num_partitions; workspace pointers valid when p.P > 1. The caches
+// p.P / p.part_size from decode_plan (attention_plan.h); workspace pointers valid when p.P > 1. The caches
 // must be 16-byte aligned (else cudaErrorMisalignedAddress); q is read with scalar loads (any stride).
 template <typename T>
 cudaError_t launch_paged_decode(const DecodeParams<T>& p, int D, cudaStream_t stream) {

@@ -10,9 +10,11 @@
 // This SIMT kernel serves fp32 and every call the tensor-core kernel (paged_prefill_tc.cuh) does not take
 // (its fallback rule: paged_prefill_tc_supported).
 //
-// Grid (ceil(Tq·G/BM), Hkv, B); 4 warps. The rows of a tile are (token, q head) pairs of ONE kv head,
-// token-major (row r → token r / G, head r % G): the G heads of a GQA group share every K/V tile, so
-// K/V is read once per kv head and query tile. Blocks past their sequence's q_b·G rows exit at once.
+// Grid (floor(Tq·G/BM) + B, Hkv); 4 warps. A block finds its (sequence, tile) from cu_seqlens_q
+// (prefill_locate_tile, attention_plan.h: a work list of the tiles that exist, no planning pass, no sync);
+// at most one block per sequence finds none and exits at once. The rows of a tile are (token, q head)
+// pairs of ONE kv head, token-major (row r → token r / G, head r % G): the G heads of a GQA group share
+// every K/V tile, so K/V is read once per kv head and query tile.
 // Per K/V tile: the block gathers BN keys' K and V rows through the block table into shared memory
 // (16-byte vectors; keys outside the tile's visible range are zero-filled and never read from the
 // cache), then each warp computes its 16×BN score tile, updates its rows' online softmax (OnlineSoftmax,
@@ -23,10 +25,12 @@
 //
 // Bound: compute (FLOPs = 4·Σ visible(q,k)·D per head) — this scalar kernel runs at the CUDA-core FP32
 // rate (~19.5 TFLOP/s A100); shared memory traffic per tile is (BM + 2·BN)·D·sizeof(T).
-// Shared memory: (BM + 2·BN)·D·sizeof(T) + 4·16·BN·4 bytes (fp32, D = 256: 136 KiB, sm_80 opt-in).
+// Shared memory: (BM + 2·BN)·D·sizeof(T) + 4·16·BN·4 bytes (fp32, D = 256: 136 KiB, sm_80 opt-in; the glue
+// raises a clear error on GPUs that allow less, e.g. sm_86 / sm_89 with 99 KiB).
 #pragma once
 
 #include "../simt/portable.cuh"
+#include "attention_plan.h"
 #include "common.cuh"
 
 namespace mk::inline MK_ABI {
@@ -54,7 +58,7 @@ __host__ __device__ constexpr size_t prefill_smem_bytes(int D) {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kPrefillWarps * 32)
-paged_prefill_kernel(const PrefillParams<T> p) {
+paged_prefill_kernel(const PrefillParams<T> p, int B) {
   constexpr int BM = kPrefillBM, BN = kPrefillBN, VEC = kVec16<T>, NV = D / VEC, NT = BN / 8, OT = D / 8;
   constexpr float kNegInf = -INFINITY;
   static_assert(D % 8 == 0 && BM == kPrefillWarps * 16, "tile shape");
@@ -65,12 +69,13 @@ paged_prefill_kernel(const PrefillParams<T> p) {
   T* Vs = Ks + BN * D;                                  // [BN][D]
   float* Ps = reinterpret_cast<float*>(Vs + BN * D);    // [warps][16][BN]
 
-  const int tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int kvh = blockIdx.y;
   const int G = p.Hq / p.Hkv;
+  int b, tile;
+  if (!prefill_locate_tile(p.cu_seqlens_q, B, blockIdx.x, G, BM, b, tile)) return;  // uniform for the block
   const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
   const int64_t len = p.seq_lens[b];
   const int rows = qlen * G, r0 = tile * BM;
-  if (r0 >= rows) return;  // uniform for the whole block
   const int64_t pos0 = len - qlen;  // position of the sequence's first new token
 
   for (int idx = threadIdx.x; idx < BM * NV; idx += blockDim.x) {
@@ -217,13 +222,12 @@ paged_prefill_kernel(const PrefillParams<T> p) {
 template <typename T, int D>
 cudaError_t launch_paged_prefill_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(static_cast<unsigned>(ceil_div(Tq * G, kPrefillBM)), static_cast<unsigned>(p.Hkv),
-                  static_cast<unsigned>(B));
+  const dim3 grid(static_cast<unsigned>(prefill_tile_start(Tq, B, G, kPrefillBM)), static_cast<unsigned>(p.Hkv));
   return simt::launch(paged_prefill_kernel<T, D>, grid, dim3(kPrefillWarps * 32), prefill_smem_bytes<T>(D), stream,
-                      p);
+                      p, B);
 }
 
-// Tq = q.shape[0] (bounds the tiles per sequence without reading cu_seqlens_q on the host). q rows,
+// Tq = q.shape[0] = cu_seqlens_q[B] (sizes the grid without reading cu_seqlens_q on the host). q rows,
 // the caches and q_stride must allow 16-byte vectors (else cudaErrorMisalignedAddress).
 template <typename T>
 cudaError_t launch_paged_prefill(const PrefillParams<T>& p, int64_t Tq, int B, int D, cudaStream_t stream) {

@@ -12,9 +12,10 @@
 // Sequence b's q_b new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query at position p
 // sees keys first_visible_key(p, W) ≤ j ≤ p (common.cuh; W = window, 0 = none).
 //
-// Grid (ceil(Tq·G/BM), Hkv, B), 4 warps. GQA packing: the rows of a block are (token, q head) pairs of ONE
-// kv head, token-major (row r → token r / G, head r % G), so the G q heads of a kv head share every K/V
-// tile loaded into shared memory. Blocks past their sequence's q_b·G rows exit at once.
+// Grid (floor(Tq·G/BM) + B, Hkv), 4 warps; a block's (sequence, tile) comes from the work list of
+// attention_plan.h (prefill_locate_tile), at most one idle block per sequence. GQA packing: the rows of a
+// block are (token, q head) pairs of ONE kv head, token-major (row r → token r / G, head r % G), so the G
+// q heads of a kv head share every K/V tile loaded into shared memory.
 // Tile skipping: the keys any row of the block sees form one range [kstart, kend) (first row's window
 // start … last row's position); the K/V tiles start at kstart and stop at kend, so a tile fully outside
 // the causal / window mask is never loaded, and a warp whose 16 rows see no key of a loaded tile skips
@@ -167,7 +168,7 @@ __device__ __forceinline__ bool tc_masked_v_nonfinite(const T* Vs, int n0, int l
 
 template <typename T, int D>
 __global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
-paged_prefill_tc_kernel(const PrefillParams<T> p) {
+paged_prefill_tc_kernel(const PrefillParams<T> p, int B) {
   using C = PrefillTcTile<D>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, CH = C::CH, NT = C::NT, OT = C::OT;
   constexpr float kNegInf = -INFINITY, kLog2e = 1.4426950408889634f;
@@ -176,11 +177,12 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
   T* Qs = smem;             // [BM][LD]
   T* KVs = Qs + BM * LD;    // [2 stages][K, V][BN][LD]
 
-  const int kvh = blockIdx.y, b = blockIdx.z;
+  const int kvh = blockIdx.y;
   const int G = p.Hq / p.Hkv;
+  int b, tile;  // this block's work item (attention_plan.h); none: exit, uniform for the whole block
+  if (!prefill_locate_tile(p.cu_seqlens_q, B, blockIdx.x, G, BM, b, tile)) return;
   const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
-  const int rows = qlen * G, r0 = static_cast<int>(blockIdx.x) * BM;
-  if (r0 >= rows) return;  // uniform for the whole block
+  const int rows = qlen * G, r0 = tile * BM;
   const int pos0 = p.seq_lens[b] - qlen;  // position of the sequence's first new token
   const int last = min(r0 + BM, rows) - 1;
   const int kstart = static_cast<int>(first_visible_key(pos0 + r0 / G, p.window)), kend = pos0 + last / G + 1;
@@ -361,6 +363,10 @@ paged_prefill_tc_kernel(const PrefillParams<T> p) {
     __syncthreads();  // every warp is done with this stage before iteration it+1 refills it
   }
 
+  // Every cp.async group must have landed before the epilogue overwrites Qs: with an empty key range
+  // (ntiles = 0, e.g. seq_lens < q_b from unchecked inputs) the loop never waited for the Q group.
+  simt::cp_async_wait<0>();
+  __syncthreads();
   if (!warp_rows) return;  // warp-uniform; no block barrier follows
   // Epilogue: O / l as T into this warp's own Q rows, then 16-byte stores of whole rows.
   T* Ow = Qs + warp * 16 * LD;
@@ -394,9 +400,9 @@ template <typename T, int D>
 cudaError_t launch_paged_prefill_tc_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
   using C = PrefillTcTile<D>;
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(static_cast<unsigned>(ceil_div(Tq * G, C::BM)), static_cast<unsigned>(p.Hkv),
-                  static_cast<unsigned>(B));
-  return simt::launch(paged_prefill_tc_kernel<T, D>, grid, dim3(C::THREADS), C::template smem_bytes<T>(), stream, p);
+  const dim3 grid(static_cast<unsigned>(prefill_tile_start(Tq, B, G, C::BM)), static_cast<unsigned>(p.Hkv));
+  return simt::launch(paged_prefill_tc_kernel<T, D>, grid, dim3(C::THREADS), C::template smem_bytes<T>(), stream, p,
+                      B);
 }
 
 // Same arguments as launch_paged_prefill (Tq = q.shape[0]); cudaErrorInvalidValue when

@@ -19,6 +19,12 @@ sequence 0 has 5 cached tokens, 2 new, blocks [7, 2]; sequence 1 is new with 3 t
     seq_lens      = [7, 3]                               int32 [B]   cached + new
     cu_seqlens_q  = [0, 2, 5]                            int32 [B+1] prefix sums of num_new
     decode_only   = False
+    num_decode    = 0      (leading sequences with exactly one new token: none here)
+
+A mixed step whose first sequences decode (the scheduler puts running requests first) sends those rows to
+the decode kernel (split-K over long contexts) and the rest to the prefill kernel: with sequences
+[decode, decode, prefill chunk of 3], ``num_decode = 2`` and ``prefill_cu_seqlens_q = [0, 3]`` (the
+cu_seqlens_q of the sequences after them, from 0).
 
 With ``logits_sequences=[1]`` (only sequence 1 samples, e.g. sequence 0 is mid-prefill)::
 
@@ -31,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from .transfer import to_device
 
 __all__ = ["AttentionBatch"]
 
@@ -50,6 +58,10 @@ class AttentionBatch:
     decode_only : every sequence has exactly one new token (T == B): use the decode attention kernel
     logits_indices : int64 [N] rows of the T tokens whose logits are wanted (e.g. the last token of each
         sequence); None computes logits for all T rows
+    num_decode : when not decode_only, how many leading sequences have exactly one new token (their rows
+        go to the decode kernel, the others' to the prefill kernel with ``prefill_cu_seqlens_q``)
+    prefill_cu_seqlens_q : int32 [B - num_decode + 1], cu_seqlens_q of the sequences after the leading
+        decodes, from 0 (None when num_decode is 0)
     """
 
     positions: torch.Tensor
@@ -59,6 +71,8 @@ class AttentionBatch:
     cu_seqlens_q: torch.Tensor
     decode_only: bool
     logits_indices: torch.Tensor | None = None
+    num_decode: int = 0
+    prefill_cu_seqlens_q: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -73,8 +87,18 @@ class AttentionBatch:
         block_size: int,
         device: torch.device | str = "cpu",
         logits_sequences: Sequence[int] | None = None,
+        *,
+        num_blocks: int | None = None,
+        max_position: int | None = None,
     ) -> AttentionBatch:
         """Build the metadata on the host from per-sequence lists (see the module docstring).
+
+        This is the step's one validation of the index tensors: with ``num_blocks`` and ``max_position``
+        given, every index a kernel of the forward reads is checked here, on the host lists (block ids in
+        [0, num_blocks), positions below max_position; slots, seq_lens and cu_seqlens_q are in range by
+        construction), so the forward can run with the device index checks off
+        (:func:`mistral_kernels.ops.device_index_checks`, docs/design.md §3) and without a host sync. The
+        tensors reach ``device`` through :func:`~mistral_kernels.transfer.to_device` (no sync either).
 
         Parameters
         ----------
@@ -85,6 +109,9 @@ class AttentionBatch:
         logits_sequences : the sequences b (increasing) whose last new token gets logits:
             ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's last
             token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
+        num_blocks : physical blocks of the cache; when given, every block id of the tables must lie in
+            [0, num_blocks) (ValueError otherwise)
+        max_position : rows of the RoPE table; when given, every position must be below it
         """
         b = len(block_tables)
         if not (len(num_cached) == len(num_new) == b) or b == 0:
@@ -98,6 +125,13 @@ class AttentionBatch:
             if (cached + new + block_size - 1) // block_size > len(table):
                 raise ValueError(f"AttentionBatch.build: sequence {s} needs {cached + new} tokens but its block "
                                  f"table holds {len(table)} blocks of {block_size}")
+            if num_blocks is not None and any(not 0 <= blk < num_blocks for blk in table):
+                bad = next(blk for blk in table if not 0 <= blk < num_blocks)
+                raise ValueError(f"AttentionBatch.build: sequence {s}'s block table holds block {bad}, outside "
+                                 f"[0, {num_blocks}) (num_blocks of the cache)")
+            if max_position is not None and cached + new > max_position:
+                raise ValueError(f"AttentionBatch.build: sequence {s} reaches position {cached + new - 1}, "
+                                 f"beyond the model's max_position {max_position}")
             for p in range(cached, cached + new):
                 positions.append(p)
                 slots.append(table[p // block_size] * block_size + p % block_size)
@@ -112,13 +146,20 @@ class AttentionBatch:
             if any(not 0 <= r < b for r in rows) or rows != sorted(set(rows)):
                 raise ValueError(f"AttentionBatch.build: logits_sequences must be increasing ids in [0, {b}), "
                                  f"got {rows}")
-            logits_indices = torch.tensor([cu[r + 1] - 1 for r in rows], dtype=torch.int64, device=device)
+            logits_indices = to_device([cu[r + 1] - 1 for r in rows], torch.int64, device)
+        decode_only = all(n == 1 for n in num_new)
+        num_decode = 0
+        while not decode_only and num_new[num_decode] == 1:
+            num_decode += 1
+        prefill_cu = to_device([c - cu[num_decode] for c in cu[num_decode:]], torch.int32, device) if num_decode else None
         return cls(
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor([c + n for c, n in zip(num_cached, num_new)], dtype=torch.int32, device=device),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            decode_only=all(n == 1 for n in num_new),
+            positions=to_device(positions, torch.int64, device),
+            slot_mapping=to_device(slots, torch.int64, device),
+            block_tables=to_device(tables, torch.int32, device),
+            seq_lens=to_device([c + n for c, n in zip(num_cached, num_new)], torch.int32, device),
+            cu_seqlens_q=to_device(cu, torch.int32, device),
+            decode_only=decode_only,
             logits_indices=logits_indices,
+            num_decode=num_decode,
+            prefill_cu_seqlens_q=prefill_cu,
         )

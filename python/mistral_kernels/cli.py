@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
                    help="token budget per engine step = prefill chunk size (512)")
     add_prefix_caching_argument(g)
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
     g.add_argument("--tp", type=_positive(int), default=1,
                    help="tensor-parallel ranks; must equal the processes torchrun starts (1)")
     g.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
@@ -236,7 +238,8 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
         llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
-                  progress=not quiet, prefix_caching=args.enable_prefix_caching)
+                  progress=not quiet, prefix_caching=args.enable_prefix_caching,
+                  enforce_eager=args.enforce_eager)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2

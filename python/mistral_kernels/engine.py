@@ -57,18 +57,21 @@ class Engine:
     eos_ids : token ids that end generation (default: the tokenizer's).
     prefix_caching : bool
         Share the KV blocks of common prompt prefixes between requests (:mod:`.cache`; on by default).
+    enforce_eager : decode steps without CUDA graphs (see :class:`~mistral_kernels.runner.ModelRunner`;
+        None = graphs on CUDA, plain forward elsewhere).
     """
 
     def __init__(self, model: PagedModel, tokenizer: Tokenizer | None, *, num_blocks: int, block_size: int = 16,
                  max_batch: int = 8, max_tokens_per_step: int = 512, eos_ids: Sequence[int] | None = None,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, enforce_eager: bool | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
         blocks = BlockManager(num_blocks, block_size, model.config.sliding_window, prefix_caching=prefix_caching,
                               salt=cache_salt(model.config, model.dtype))
         self.scheduler = Scheduler(blocks, max_batch, max_tokens_per_step)
-        self.runner = ModelRunner(model, blocks.num_physical_blocks, block_size)
+        self.runner = ModelRunner(model, blocks.num_physical_blocks, block_size, max_batch=max_batch,
+                                  enforce_eager=enforce_eager)
         if eos_ids is None:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)

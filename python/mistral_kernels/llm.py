@@ -49,13 +49,16 @@ class LLM:
     parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
         every rank constructs the LLM and makes the same calls). None = one process.
     prefix_caching : share the KV blocks of common prompt prefixes between requests (:mod:`.cache`).
+    enforce_eager : no CUDA graphs for decode steps (default False: on CUDA, decode steps replay one
+        captured graph per batch-size bucket; see :mod:`mistral_kernels.decode_graphs`).
     """
 
     def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, max_batch: int = 8, block_size: int = 16,
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
-                 parallel: ParallelContext | None = None, prefix_caching: bool = True) -> None:
+                 parallel: ParallelContext | None = None, prefix_caching: bool = True,
+                 enforce_eager: bool = False) -> None:
         if path is None:
             from .default_model import default_model_path
 
@@ -83,7 +86,7 @@ class LLM:
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
                              max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos),
-                             prefix_caching=prefix_caching)
+                             prefix_caching=prefix_caching, enforce_eager=True if enforce_eager else None)
 
     def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
         """Token ids of a prompt: plain (BOS added per the tokenizer) or as a one-turn chat."""

@@ -108,6 +108,14 @@ class DecoderLayer:
         if batch.decode_only:
             out = self.kernels.paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                                       scale, self.window)
+        elif batch.num_decode:  # mixed step: leading decode rows → decode kernel (split-K), the rest → prefill
+            n = batch.num_decode
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)          # [T, Hq, D]
+            self.kernels.paged_decode_attention(q[:n], k_cache, v_cache, batch.block_tables[:n], batch.seq_lens[:n],
+                                                scale, self.window, out=out[:n])
+            self.kernels.paged_prefill_attention(q[n:], k_cache, v_cache, batch.block_tables[n:],
+                                                 batch.prefill_cu_seqlens_q, batch.seq_lens[n:], scale, self.window,
+                                                 out=out[n:])
         else:
             out = self.kernels.paged_prefill_attention(q, k_cache, v_cache, batch.block_tables,
                                                        batch.cu_seqlens_q, batch.seq_lens, scale, self.window)

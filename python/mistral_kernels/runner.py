@@ -6,6 +6,13 @@ Shape letters: T packed new tokens of one step, N sequences that sample, V vocab
 It owns the paged KV cache and the shared random generator. Only the chunks that reach the end of their
 request's known tokens sample (``logits_indices``, computed by :meth:`AttentionBatch.build`); the sampled
 ids [N] are read back once per step — the runner's only device → host transfer.
+
+No host sync in a step (issue 14): the step's index tensors are validated once, on the host lists, by
+:meth:`AttentionBatch.build` (block ids against the pool, positions against the model), then copied
+without a sync (:mod:`.transfer`), and ``model.forward`` runs with the device index checks off
+(:func:`mistral_kernels.ops.device_index_checks`). Decode steps (every chunk one new token that samples)
+go through :class:`~mistral_kernels.decode_graphs.DecodeGraphRunner` unless ``enforce_eager``: padded
+static buffers, replayed as CUDA graphs on CUDA. tests/test_sync_free.py proves it.
 """
 
 from __future__ import annotations
@@ -16,9 +23,12 @@ import torch
 
 from .batch import AttentionBatch
 from .config import ModelConfig
+from .decode_graphs import DecodeGraphRunner
 from .logprobs import TokenLogprob, token_logprobs
+from .ops import device_index_checks
 from .sampling import SamplingParams, sample
 from .scheduler import SchedulerOutput
+from .transfer import to_device
 
 __all__ = ["ModelRunner", "PagedModel"]
 
@@ -46,6 +56,10 @@ class ModelRunner:
     ----------
     model : PagedModel
     num_blocks, block_size : the KV cache pool (allocated here, uninitialised)
+    max_batch : most sequences in a step (the largest decode bucket)
+    enforce_eager : decode steps run the plain forward. None (default): padded static-buffer decode with
+        CUDA graphs on a CUDA model, plain forward elsewhere (and for tensor-parallel models, whose
+        collectives are not captured yet). False: the padded runner on every device (eager off CUDA).
 
     Attributes
     ----------
@@ -53,14 +67,20 @@ class ModelRunner:
         params ask for ``logprobs``, else None (all None costs nothing)
     """
 
-    def __init__(self, model: PagedModel, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: PagedModel, num_blocks: int, block_size: int, *, max_batch: int = 8,
+                 enforce_eager: bool | None = None) -> None:
         self.model = model
         self.device = torch.device(model.device)
+        self.num_blocks = num_blocks
         self.cache = model.new_cache(num_blocks, block_size)
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
         self._broadcast = getattr(model, "broadcast_tokens", None)
         self.logprobs: list[TokenLogprob | None] = []
+        if enforce_eager is None:
+            enforce_eager = self.device.type != "cuda" or self._broadcast is not None
+        self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
+            model, self.cache, num_blocks, block_size, max_batch, capture=self.device.type == "cuda")
 
     def generator_for(self, params: SamplingParams) -> torch.Generator | None:
         """A request's own generator: seeded when it samples with a seed, else None (the shared one)."""
@@ -73,11 +93,17 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> list[int]:
         """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)."""
         chunks = output.chunks
-        batch = AttentionBatch.build([c.block_table for c in chunks], [c.num_cached for c in chunks],
-                                     [c.num_new for c in chunks], output.block_size, self.device,
-                                     logits_sequences=[b for b, c in enumerate(chunks) if c.samples])
-        ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.int64, device=self.device)  # [T]
-        logits = self.model.forward(ids, batch, self.cache)  # [N, V]
+        tables, cached = [c.block_table for c in chunks], [c.num_cached for c in chunks]
+        if (self.decode_graphs is not None and len(chunks) <= self.decode_graphs.max_batch
+                and all(c.num_new == 1 and c.samples for c in chunks)):
+            logits = self.decode_graphs.forward([c.token_ids[0] for c in chunks], tables, cached)  # [N, V]
+        else:
+            batch = AttentionBatch.build(tables, cached, [c.num_new for c in chunks], output.block_size,
+                                         self.device, logits_sequences=[b for b, c in enumerate(chunks) if c.samples],
+                                         num_blocks=self.num_blocks, max_position=self.model.config.max_position)
+            ids = to_device([t for c in chunks for t in c.token_ids], torch.int64, self.device)  # [T]
+            with device_index_checks(False):  # validated on the host by AttentionBatch.build
+                logits = self.model.forward(ids, batch, self.cache)  # [N, V]
         samplers = output.sampling_requests
         self.logprobs = [None] * len(samplers)
         if not samplers:

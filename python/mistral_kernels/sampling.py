@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .transfer import to_device
+
 __all__ = ["MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "apply_filters", "sample"]
 
 MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the OpenAI API allows)
@@ -107,27 +109,29 @@ class SamplingParams:
 def _penalize(logits: torch.Tensor, rows: list[int], penalties: list[float],
               seen: Sequence[Sequence[int]]) -> None:
     """In place: for each listed row, logits of already-seen tokens are divided (if > 0) or multiplied
-    (if ≤ 0) by the row's penalty."""
+    (if ≤ 0) by the row's penalty. (A mask, not ``unique()``: no device sync.)"""
     for r, pen in zip(rows, penalties):
-        ids = torch.as_tensor(list(seen[r]), dtype=torch.int64, device=logits.device).unique()
-        if ids.numel() == 0:
+        if not seen[r]:
             continue
-        vals = logits[r].index_select(0, ids)
-        logits[r].index_copy_(0, ids, torch.where(vals > 0, vals / pen, vals * pen))
+        ids = to_device(list(seen[r]), torch.int64, logits.device)
+        hit = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device).index_fill_(0, ids, True)
+        row = logits[r]
+        row.copy_(torch.where(hit, torch.where(row > 0, row / pen, row * pen), row))
 
 
 def _presence_frequency(logits: torch.Tensor, rows: list[int], params: Sequence[SamplingParams],
                         generated: Sequence[Sequence[int]]) -> None:
     """In place: ``logits[r, t] -= presence · [count_t > 0] + frequency · count_t`` where ``count_t`` is how
     often row r generated token t. Example: generated [5, 5, 7], presence 0.5, frequency 0.25 → token 5
-    loses 0.5 + 0.5 = 1.0, token 7 loses 0.75."""
+    loses 0.5 + 0.5 = 1.0, token 7 loses 0.75. (Counts by index_add, not ``unique()``: no device sync.)"""
     for r in rows:
         if not generated[r]:
             continue
-        ids, counts = torch.as_tensor(list(generated[r]), dtype=torch.int64, device=logits.device).unique(
-            return_counts=True)
+        ids = to_device(list(generated[r]), torch.int64, logits.device)
+        counts = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+        counts.index_add_(0, ids, torch.ones(ids.shape[0], dtype=logits.dtype, device=logits.device))
         p = params[r]
-        logits[r].index_add_(0, ids, -(p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)))
+        logits[r] -= p.presence_penalty * (counts > 0).to(logits.dtype) + p.frequency_penalty * counts
 
 
 def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -201,14 +205,14 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     if not rand_rows:
         return out
     dev = x.device
-    idx = torch.tensor(rand_rows, dtype=torch.int64, device=dev)
+    idx = to_device(rand_rows, torch.int64, dev)
     sub = x.index_select(0, idx)
     filt = apply_filters(
         sub,
-        torch.tensor([params[i].temperature for i in rand_rows], dtype=torch.float32, device=dev),
-        torch.tensor([params[i].top_k for i in rand_rows], dtype=torch.int64, device=dev),
-        torch.tensor([params[i].top_p for i in rand_rows], dtype=torch.float32, device=dev),
-        torch.tensor([params[i].min_p for i in rand_rows], dtype=torch.float32, device=dev),
+        to_device([params[i].temperature for i in rand_rows], torch.float32, dev),
+        to_device([params[i].top_k for i in rand_rows], torch.int64, dev),
+        to_device([params[i].top_p for i in rand_rows], torch.float32, dev),
+        to_device([params[i].min_p for i in rand_rows], torch.float32, dev),
     )
     probs = filt.softmax(dim=-1)
     noise = torch.empty_like(probs)

@@ -5,7 +5,9 @@ Argument checks (dtype, device, shape, contiguity, and the index ranges of CPU t
 device sync: range checks of the index tensors of CUDA calls. They do cost a sync, so every direct call
 with CUDA index tensors pays one unless the caller switches them off with :func:`device_index_checks`.
 They are skipped (nothing is read back) under ``torch.compile`` tracing and while a CUDA stream is
-capturing a graph.
+capturing a graph. The engine switches them off around ``model.forward``: it validates each step's
+indices once on the host (:meth:`mistral_kernels.batch.AttentionBatch.build`), so a step has no sync but
+the read of the sampled ids (:mod:`mistral_kernels.runner`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def device_index_checks(enabled: bool) -> Iterator[None]:
         with ops.device_index_checks(False):
             out = ops.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
-    Nothing in this package switches them off for you. Index tensors on the CPU are always checked (in
-    C++, without a sync).
+    The engine's model runner does exactly that around ``model.forward`` (the step's indices are validated on
+    the host when its :class:`~mistral_kernels.batch.AttentionBatch` is built); direct op calls keep them on.
+    Index tensors on the CPU are always checked (in C++, without a sync).
     """
     global _DEVICE_INDEX_CHECKS
     previous, _DEVICE_INDEX_CHECKS = _DEVICE_INDEX_CHECKS, enabled
@@ -38,6 +41,11 @@ def device_index_checks(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _DEVICE_INDEX_CHECKS = previous
+
+
+def device_index_checks_enabled() -> bool:
+    """Whether :func:`device_index_checks` is on (the switch alone; see :func:`device_checks_apply`)."""
+    return _DEVICE_INDEX_CHECKS
 
 
 def device_checks_apply(device: torch.device) -> bool:

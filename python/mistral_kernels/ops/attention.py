@@ -156,9 +156,11 @@ class AttentionOps(OpFamily):
         scale : softmax scale (usually D ** -0.5)
         sliding_window : W, or None for full attention
         out : optional [B, Hq, D] contiguous output
-        partition_size : keys per split-K partition (0 = automatic). Long contexts are split into
-            partitions whose partial softmax states are merged in a second pass, in a fixed order:
-            the result is bit-identical run to run and equal across partition sizes within rounding.
+        partition_size : keys per split-K partition (0 = automatic: enough partitions of the block
+            table's capacity for ≥ 2 blocks per SM, csrc/kernels/attention_plan.h). Long contexts are split
+            into partitions whose partial softmax states are merged in a second pass, in a fixed order:
+            the result is bit-identical run to run and equal across partition sizes within rounding. A
+            value beyond the visible range means one partition; more than 65535 partitions are not made.
 
         Returns
         -------

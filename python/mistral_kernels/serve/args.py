@@ -31,5 +31,7 @@ def add_serve_arguments(p: argparse.ArgumentParser, positive: Callable[[type], o
                    help="KV cache blocks (default: sized for --max-batch sequences)")
     p.add_argument("--max-tokens-per-step", type=positive(int), default=512,
                    help="token budget per engine step = prefill chunk size (512)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
     p.add_argument("--tp", type=positive(int), default=1, help="tensor-parallel ranks (only 1 is supported by "
                                                                "serve for now)")

@@ -48,7 +48,7 @@ def serve_main(args: argparse.Namespace, dtype: torch.dtype | None) -> int:
         llm = LLM(args.model, device=args.device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer,
-                  prefix_caching=args.enable_prefix_caching)
+                  prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"mistral-kernels serve: cannot load the model: {e}", file=sys.stderr)
         return 2
