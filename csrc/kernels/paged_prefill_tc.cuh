@@ -53,13 +53,14 @@
 // 2·BN·D·2 B per tile (64 FLOP/B; repeated reads by the other query blocks of the same kv head hit L2).
 //   A100 (sm_80): 312 TFLOP/s dense fp16/bf16 mma vs ~19.5 TB/s shared memory (108 SMs × 128 B/clk ×
 //     1.41 GHz) → ridge 16 FLOP/B: this tiling sits at the ridge; expect 50–65 % of peak for long
-//     prefills (FA2 reports 50–73 % with 128-row blocks), ~3 blocks (12 warps) per SM at D 128.
+//     prefills (FA2 reports 50–73 % with 128-row blocks), ~2 blocks (8 warps) per SM at D 128 (register-limited, MIN_BLOCKS).
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
 //     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
-// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80: D 64 151,
-// 80 148, 96 158, 128 168, 256 246 registers, 0 spills (sm_90: 151, 148, 158, 168, 245; the exact P·V path
-// for non-finite V in masked keys added ~2-14); checked by tests/test_nvcc_ptxas.py.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80 (fp16): D 64 149,
+// 80 148, 96 158, 128 190 (2 blocks/SM, see MIN_BLOCKS), 256 249 registers, 0 spills (sm_90: 151, 148, 158,
+// 194, 245; the exact P·V path for non-finite V in masked keys added ~2-14); checked by
+// tests/test_nvcc_ptxas.py.
 // NaN / Inf: masks are selects on S; P·V skips keys a row cannot see whenever a masked key of the tile
 // holds a non-finite V (tc_masked_v_nonfinite), so nothing leaks through 0·NaN (common.cuh, NaN rule).
 //
@@ -91,9 +92,11 @@ struct PrefillTcTile {
   static constexpr int OT = D / 8;              // 8-wide column tiles of O
   static constexpr bool Q_IN_REGS = D <= 128;   // D = 256: Q fragments re-read per tile (register budget)
   // Resident blocks per SM the register allocation is sized for: 3 (≤ 170 registers per thread) at
-  // D ≤ 128, matching the 3 blocks A100's 164 KiB of shared memory holds; 2 (≤ 255, i.e. no cap) at D 256,
-  // where shared memory allows 1. Without the hint ptxas picked 128 registers + spills for D 96 on sm_80.
-  static constexpr int MIN_BLOCKS = D <= 128 ? 3 : 2;
+  // D ≤ 96, matching the 3 blocks A100's 164 KiB of shared memory holds; 2 (≤ 255, i.e. no cap) at D 128
+  // and 256. D 128 fitted 168 registers until the exact P·V path (NaN rule) and the work-list grid met in
+  // one kernel: at 3 blocks ptxas spilled 64 bytes, so D 128 trades 12 for 8 resident warps per SM (a
+  // design estimate, unmeasured on a GPU). Without the hint ptxas picked 128 registers + spills for D 96.
+  static constexpr int MIN_BLOCKS = D <= 96 ? 3 : 2;
   template <typename T>
   static constexpr size_t smem_bytes() {
     return static_cast<size_t>(BM + 4 * BN) * LD * sizeof(T);
