@@ -299,3 +299,72 @@ def test_full_weights_with_a_parallel_context_are_rejected(root: Path) -> None:
         config, full = load_checkpoint(root / ckpt, progress=False)
         with pytest.raises(ValueError, match=r"layer 0, rank 1 of 2: weights are not this rank's shards: qkv"):
             ShardedModel(config, full, ParallelContext(rank=1, world_size=2))
+
+
+def test_cli_torchrun_serve_two_ranks(root: Path, tmp_path: Path) -> None:
+    """`torchrun --nproc-per-node 2 -m mistral_kernels serve --tp 2`: rank 0 answers a chat completion and a
+    streamed one (after a client that left mid-stream) with the single-process greedy text; SIGTERM to
+    torchrun stops every rank cleanly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
+    openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install '.[test]')")
+    import httpx
+
+    import mistral_kernels
+    from mistral_kernels import LLM
+
+    tok = _word_tokenizer(tmp_path / "tok")
+    (tok / "chat_template.jinja").write_text("{% for m in messages %}w4 {{ m['content'] }} {% endfor %}w6")
+    chat = [{"role": "system", "content": "w8 w13"}, {"role": "user", "content": "w5 w9 w7 w30 w11"}]
+    llm = LLM(root / "mixtral/hf", tokenizer=tok)
+    want = llm.generate(["w5 w9 w7 w30 w11"], system="w8 w13", chat=True, max_new_tokens=NEW, ignore_eos=True)[0]
+    assert len(want.token_ids) == NEW
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               MISTRAL_KERNELS_LIBRARY=str(mistral_kernels.library_path()),
+               PYTHONPATH=str(Path(mistral_kernels.__file__).resolve().parent.parent) + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(TP),
+                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+    proc = subprocess.Popen([*torchrun, "-m", "mistral_kernels", "serve", "--tp", str(TP), "--model",
+                             str(root / "mixtral/hf"), "--tokenizer", str(tok), "--port", str(port),
+                             "--served-model-name", "tiny"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        kw = dict(model="tiny", messages=chat, temperature=0, max_tokens=NEW, extra_body={"ignore_eos": True})
+        with client.chat.completions.create(**{**kw, "max_tokens": 200}, stream=True) as left:
+            next(iter(left))  # the client leaves after the first chunk: rank 0 aborts, rank 1 must follow
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].message.content == want.text
+        assert r.usage.completion_tokens == NEW
+        pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True)
+                  if c.choices]
+        assert "".join(pieces) == want.text
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # torchrun itself exits 1 with its SignalException; the ranks print "stopped" right before returning 0,
+    # and none had to be killed or raised
+    assert "[rank 0]: stopped" in out and "[rank 1]: stopped" in out, out
+    assert "forcefully" not in out, out
+    assert all("SignalException" in t and "mistral_kernels" not in t
+               for t in out.split("Traceback (most recent call last)")[1:]), out

@@ -6,6 +6,7 @@ Examples::
     mistral-kernels generate --model ./Mistral-7B-v0.1 --prompt "Hello" --prompt "Bonjour" --max-new-tokens 32
     mistral-kernels info --model ./model.gguf
     mistral-kernels serve --port 8000        # OpenAI-compatible HTTP server (pip install ".[serve]")
+    torchrun --nproc-per-node 2 -m mistral_kernels serve --tp 2 --device cuda --model ./Mixtral-8x7B
     torchrun --nproc-per-node 2 -m mistral_kernels generate --tp 2 --model ./Mixtral-8x7B --device cuda \
         --dtype bf16 --prompt "Hello"          # tensor / expert parallel over 2 GPUs; only rank 0 prints
 """
@@ -77,6 +78,33 @@ def add_prefix_caching_argument(p: argparse.ArgumentParser) -> None:
                    help="share the KV blocks of common prompt prefixes between requests (on)")
 
 
+def add_moe_parallel_argument(p: argparse.ArgumentParser) -> None:
+    """``--moe-parallel`` (generate and serve)."""
+    p.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
+                   help="with --tp, MoE experts split whole over the ranks (expert, default) or each "
+                        "expert's intermediate dim split (tensor)")
+
+
+def init_parallel(args: argparse.Namespace) -> tuple[ParallelContext | None, str]:
+    """Join torchrun's process group for ``--tp`` (or when torchrun started several processes); the context
+    (None for one process) and this rank's device. Raises UsageError when --tp is not the process count."""
+    if args.tp == 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return None, args.device
+    from .parallel import ParallelContext
+
+    try:
+        return ParallelContext.init_from_env(args.tp, args.device, moe=args.moe_parallel)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def destroy_parallel(parallel: ParallelContext | None) -> None:
+    if parallel is not None and parallel.world_size > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
 def prefix_cache_stats(engine: Engine) -> str:
     """The stats-line field: prefix-cache hits / queried tokens of the admitted requests."""
     if not engine.blocks.prefix_caching:
@@ -122,15 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
     g.add_argument("--tp", type=_positive(int), default=1,
                    help="tensor-parallel ranks; must equal the processes torchrun starts (1)")
-    g.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
-                   help="with --tp, MoE experts split whole over the ranks (expert, default) or each "
-                        "expert's intermediate dim split (tensor)")
+    add_moe_parallel_argument(g)
 
     from .serve.args import add_serve_arguments
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
     add_serve_arguments(serve, _positive, sorted(_DTYPES))
     add_prefix_caching_argument(serve)
+    add_moe_parallel_argument(serve)
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
     i.add_argument("--model", help="as for generate (default: the default model)")
@@ -198,23 +225,12 @@ def _generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
     _check_sampling(args)
     dtype = _dtype(args.dtype)
-    parallel, device = None, args.device
-    if args.tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from .parallel import ParallelContext
-
-        try:
-            parallel, device = ParallelContext.init_from_env(args.tp, args.device, moe=args.moe_parallel)
-        except ValueError as e:
-            print(f"mistral-kernels: {e}", file=sys.stderr)
-            return 2
+    parallel, device = init_parallel(args)
     try:
         with _rank_output(parallel):
             return _generate_on(args, prompts, parallel, device, dtype)
     finally:
-        if parallel is not None and parallel.world_size > 1:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+        destroy_parallel(parallel)
 
 
 @contextlib.contextmanager
@@ -358,7 +374,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"mistral-kernels serve: {e}; install the serve extra: pip install 'mistral-kernels[serve]'",
               file=sys.stderr)
         return 2
-    return serve_main(args, _dtype(args.dtype))
+    parallel, device = init_parallel(args)
+    try:
+        return serve_main(args, _dtype(args.dtype), parallel, device)
+    finally:
+        destroy_parallel(parallel)
 
 
 if __name__ == "__main__":

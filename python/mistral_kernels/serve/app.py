@@ -35,6 +35,7 @@ from .errors import APIError, install_error_handlers
 from .logprobs_format import LogprobFormatter
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .tp import EngineMirror
 
 __all__ = ["ServerState", "build_app"]
 
@@ -47,10 +48,12 @@ class ServerState:
     metrics: ServerMetrics
 
 
-def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256) -> FastAPI:
-    """The app over a loaded :class:`~mistral_kernels.llm.LLM`; its engine loop runs while the app does."""
+def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: EngineMirror | None = None
+              ) -> FastAPI:
+    """The app over a loaded :class:`~mistral_kernels.llm.LLM`; its engine loop runs while the app does
+    (``mirror``: rank 0 of ``serve --tp N``, see :mod:`.tp`)."""
     metrics = ServerMetrics(llm.engine)
-    state = ServerState(llm, served_model_name, AsyncEngine(llm.engine, metrics, max_waiting), metrics)
+    state = ServerState(llm, served_model_name, AsyncEngine(llm.engine, metrics, max_waiting, mirror), metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

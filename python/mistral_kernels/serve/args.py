@@ -33,5 +33,5 @@ def add_serve_arguments(p: argparse.ArgumentParser, positive: Callable[[type], o
                    help="token budget per engine step = prefill chunk size (512)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
-    p.add_argument("--tp", type=positive(int), default=1, help="tensor-parallel ranks (only 1 is supported by "
-                                                               "serve for now)")
+    p.add_argument("--tp", type=positive(int), default=1,
+                   help="tensor-parallel ranks; must equal the processes torchrun starts; rank 0 listens (1)")

@@ -18,6 +18,9 @@ Loop: take every queued command (waiting up to 50 ms for one when the engine is 
 :meth:`Engine.step`, publish each tracked request's new text, and publish completions. An aborted request
 (client gone) is dropped by the engine at the next command pass: its KV blocks return to the pool before
 the next step.
+
+Tensor parallel (``serve --tp N``): with an :class:`~.tp.EngineMirror`, the loop also records every add and
+abort it applies and broadcasts them to the other ranks before each step (see :mod:`.tp`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ..engine import Completion, Engine
 from ..logprobs import TokenLogprob
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
+from .tp import EngineMirror
 
 __all__ = ["AbortedEvent", "AsyncEngine", "DoneEvent", "Overloaded", "RequestStream", "TextEvent"]
 
@@ -119,10 +123,13 @@ class AsyncEngine:
     engine : the engine (used only by the loop thread from :meth:`start` on)
     metrics : updated by the loop thread after every step
     max_waiting : requests queued but not yet running beyond this → :class:`Overloaded`
+    mirror : rank 0 of ``serve --tp N``: the broadcaster of the engine operations (None = one process)
     """
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_waiting: int) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_waiting: int,
+                 mirror: EngineMirror | None = None) -> None:
         self.engine = engine
+        self.mirror = mirror
         self.metrics = metrics
         self.max_waiting = max_waiting
         self._inbox: queue.Queue[_Add | _Abort] = queue.Queue()
@@ -174,12 +181,20 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._take_commands(wait=not self.engine.has_unfinished())
                 if self.engine.has_unfinished():
+                    if self.mirror is not None:
+                        self.mirror.before_step()
                     self._step()
+                elif self.mirror is not None:
+                    self.mirror.idle()
         except BaseException as e:  # noqa: BLE001 - reported by /health and to every waiting client
             self.error = e
+            if self.mirror is not None:
+                self.mirror.fail(e)
             raise
         finally:
             self._abort_all()
+        if self.mirror is not None:
+            self.mirror.shutdown()
 
     def _take_commands(self, wait: bool) -> None:
         try:
@@ -197,6 +212,8 @@ class AsyncEngine:
         if isinstance(cmd, _Abort):
             if self.engine.abort(cmd.rid):
                 self.metrics.aborted.inc()
+            if self.mirror is not None:
+                self.mirror.aborted(cmd.rid)
             self._tracked.pop(cmd.rid, None)
             return
         if not cmd.result.set_running_or_notify_cancel():  # the submitter was cancelled while it waited
@@ -206,6 +223,8 @@ class AsyncEngine:
         except ValueError as e:
             cmd.result.set_exception(e)
             return
+        if self.mirror is not None:
+            self.mirror.added(rid, cmd.prompt_ids, cmd.params)
         self._tracked[rid] = cmd.tracked
         self.metrics.prompt_tokens.inc(len(cmd.prompt_ids))
         cmd.result.set_result(rid)

@@ -2,6 +2,9 @@
 
 SIGINT / SIGTERM: stop accepting connections, answer new requests 503, let in-flight requests finish
 (at most ``--shutdown-timeout`` seconds, then they are cancelled and aborted), stop the engine loop, exit 0.
+
+``--tp N`` under torchrun: every rank loads its shard; rank 0 listens and broadcasts its engine operations,
+the other ranks follow them (:mod:`.tp`); every rank exits 0 after a shutdown signal.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import torch
 import uvicorn
 
 from ..llm import LLM
+from ..parallel import ParallelContext
 from .app import build_app
+from .tp import EngineMirror, control_group, follow
 
 __all__ = ["serve_main"]
 
@@ -40,20 +45,31 @@ def _exit_zero(sig: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def serve_main(args: argparse.Namespace, dtype: torch.dtype | None) -> int:
-    if args.tp > 1:
-        print("mistral-kernels serve: --tp > 1 is not supported yet; serve one process (--tp 1)", file=sys.stderr)
-        return 2
+def serve_main(args: argparse.Namespace, dtype: torch.dtype | None, parallel: ParallelContext | None = None,
+               device: str | None = None) -> int:
+    """Serve until SIGINT / SIGTERM; ``parallel``: this process is one rank of ``--tp N`` (device: its own)."""
+    rank = parallel.rank if parallel is not None else 0
+    tp = parallel is not None and parallel.world_size > 1
+    prefix = f"mistral-kernels serve[rank {rank}]" if tp else "mistral-kernels serve"
+    group = None
+    if tp:
+        import torch.distributed as dist
+
+        group = control_group(dist.get_backend())
     try:
-        llm = LLM(args.model, device=args.device, dtype=dtype, max_batch=args.max_batch,
+        llm = LLM(args.model, device=device or args.device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
-                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer,
+                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
                   prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
-        print(f"mistral-kernels serve: cannot load the model: {e}", file=sys.stderr)
+        print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
+    if tp and rank > 0:
+        follow(llm.engine, group, rank)
+        print(f"{prefix}: stopped", file=sys.stderr, flush=True)
+        return 0
     name = args.served_model_name or Path(llm.path).name
-    app = build_app(llm, name, max_waiting=args.max_waiting)
+    app = build_app(llm, name, max_waiting=args.max_waiting, mirror=EngineMirror(group) if tp else None)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=args.shutdown_timeout)
     server = _Server(config, app.state.server.engine.begin_shutdown)
@@ -64,5 +80,9 @@ def serve_main(args: argparse.Namespace, dtype: torch.dtype | None) -> int:
     try:
         server.run()
     except SystemExit as e:
-        return int(e.code or 0)
-    return 0
+        code = int(e.code or 0)
+    else:
+        code = 0
+    if tp:
+        print(f"{prefix}: stopped", file=sys.stderr, flush=True)
+    return code
