@@ -83,7 +83,7 @@ class ParallelContext:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != tp:
             raise ValueError(f"--tp {tp} must equal the number of processes (WORLD_SIZE={world}); launch with "
-                             f"`torchrun --nproc-per-node {tp} -m mistral_kernels generate --tp {tp} ...`")
+                             f"`torchrun --nproc-per-node {tp} -m mistral_kernels generate|serve --tp {tp} ...`")
         rank = int(os.environ.get("RANK", "0"))
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
