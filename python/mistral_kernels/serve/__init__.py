@@ -11,6 +11,7 @@ module                 role
 :mod:`.metrics`        Prometheus metrics
 :mod:`.app`            the FastAPI app (endpoints, server-sent events)
 :mod:`.server`         load the model, run uvicorn, graceful shutdown on SIGINT / SIGTERM
+:mod:`.tp`             ``--tp N``: rank 0 broadcasts its engine operations, the other ranks follow
 =====================  ==========================================================================
 
 Importing this package does not import fastapi; :mod:`.app` and :mod:`.server` do.
