@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.weights import load_checkpoint
 
 from .model_helpers import greedy_ours, save_consolidated
+from .net_helpers import free_port, wait_healthy
 
 transformers = pytest.importorskip("transformers")
 
@@ -85,12 +85,6 @@ def _worker(rank: int, port: int, root: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random Mistral (Hkv = 2 and 1) and Mixtral (E = 4, k = 2) checkpoints, saved by transformers."""
@@ -119,7 +113,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ranks(root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("tp_out")
-    mp.spawn(_worker, args=(_free_port(), str(root), str(out)), nprocs=TP, join=True)
+    mp.spawn(_worker, args=(free_port(), str(root), str(out)), nprocs=TP, join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(TP)]
 
 
@@ -262,7 +256,7 @@ def test_cli_torchrun_two_ranks(root: Path, tmp_path: Path, capsys: pytest.Captu
                PYTHONPATH=str(Path(mistral_kernels.__file__).resolve().parent.parent) + os.pathsep
                + os.environ.get("PYTHONPATH", ""))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(TP),
-                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     run = subprocess.run([*torchrun, "-m", "mistral_kernels", "generate", "--tp", str(TP), *flags], env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -308,11 +302,9 @@ def test_cli_torchrun_serve_two_ranks(root: Path, tmp_path: Path) -> None:
     import signal
     import subprocess
     import sys
-    import time
 
     pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
     openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install '.[test]')")
-    import httpx
 
     import mistral_kernels
     from mistral_kernels import LLM
@@ -323,29 +315,20 @@ def test_cli_torchrun_serve_two_ranks(root: Path, tmp_path: Path) -> None:
     llm = LLM(root / "mixtral/hf", tokenizer=tok)
     want = llm.generate(["w5 w9 w7 w30 w11"], system="w8 w13", chat=True, max_new_tokens=NEW, ignore_eos=True)[0]
     assert len(want.token_ids) == NEW
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                MISTRAL_KERNELS_LIBRARY=str(mistral_kernels.library_path()),
                PYTHONPATH=str(Path(mistral_kernels.__file__).resolve().parent.parent) + os.pathsep
                + os.environ.get("PYTHONPATH", ""))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(TP),
-                "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     proc = subprocess.Popen([*torchrun, "-m", "mistral_kernels", "serve", "--tp", str(TP), "--model",
                              str(root / "mixtral/hf"), "--tokenizer", str(tok), "--port", str(port),
                              "--served-model-name", "tiny"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[0]
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        wait_healthy(proc, url)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         kw = dict(model="tiny", messages=chat, temperature=0, max_tokens=NEW, extra_body={"ignore_eos": True})
         with client.chat.completions.create(**{**kw, "max_tokens": 200}, stream=True) as left:

@@ -36,6 +36,8 @@ from mistral_kernels.batch import AttentionBatch  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
 from mistral_kernels.serve.app import build_app  # noqa: E402
 
+from .net_helpers import free_port, wait_healthy  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 NAME = "smollm2"
@@ -44,12 +46,6 @@ CHAT = [{"role": "system", "content": "You are concise."},
         {"role": "user", "content": "What is the capital of France?"}]
 MANY = [f"Name one fact about the number {i}." for i in range(32)]
 MANY_MAX = [2 + 2 * (i % 4) for i in range(32)]  # 2, 4, 6, 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -79,7 +75,7 @@ def _model_path() -> Path:
 @pytest.fixture(scope="module")
 def subprocess_server() -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``python -m mistral_kernels serve`` started first, so that it loads while the in-process server does."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mistral_kernels", "serve", "--model", str(_model_path()),
                              "--port", str(port), "--num-blocks", str(NUM_BLOCKS), "--served-model-name", NAME],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
@@ -96,7 +92,7 @@ def live(subprocess_server: tuple[subprocess.Popen[str], str]) -> Iterator[Live]
     system, user = CHAT[0]["content"], CHAT[1]["content"]
     chat_ref = llm.generate([user], system=system, chat=True, max_new_tokens=24)[0]
     many_ref = llm.generate(MANY, chat=True, max_new_tokens=max(MANY_MAX))
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(llm, NAME, max_waiting=64), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -239,16 +235,7 @@ def test_bad_request_then_good(live: Live, body: object, status: int, param: str
 
 def test_sigterm_while_streaming_exits_zero(subprocess_server: tuple[subprocess.Popen[str], str]) -> None:
     proc, url = subprocess_server
-    deadline = time.time() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.time() < deadline, "the server did not come up"
-        time.sleep(0.2)
+    wait_healthy(proc, url)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     finishes: list[str | None] = []
     started = threading.Barrier(3)
