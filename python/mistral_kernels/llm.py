@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -19,10 +18,10 @@ from pathlib import Path
 import torch
 
 from .cache import default_num_blocks
-from .config import ModelConfig, load_config
+from .config import load_config
 from .engine import Completion, Engine
 from .loading import load_model
-from .memory import MemoryWarning, memory_warning
+from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
 from .sampling import SamplingParams
 from .tokenization import Message, Tokenizer, load_tokenizer
@@ -71,7 +70,7 @@ class LLM:
         if parallel is None:  # warn before loading rather than be killed while loading
             config = load_config(self.path)
             if num_blocks is not None:  # an impossible pool fails before the weights load
-                _check_kv_pool(config, dtype, device, num_blocks, block_size)
+                check_kv_pool(config, dtype, device, num_blocks, block_size)
             blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
             warning = memory_warning(config, dtype, device, blocks * block_size)
             if warning is not None:
@@ -82,7 +81,7 @@ class LLM:
         if num_blocks is None:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
         elif parallel is not None:  # a rank holds its share of the heads: check with its own config
-            _check_kv_pool(self.model.config, dtype, device, num_blocks, block_size)
+            check_kv_pool(self.model.config, dtype, device, num_blocks, block_size)
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
                              max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos),
@@ -172,26 +171,3 @@ def _check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> None:
     if dtype == torch.float16 and torch.device(device).type == "cpu":
         raise ValueError("dtype float16 (--dtype fp16) is not supported on the CPU, whose kernels run float32 and "
                          "bfloat16; use --dtype bf16 or fp32, or a CUDA device")
-
-
-def _device_memory(device: torch.device) -> int | None:
-    """Total bytes of the device's memory (physical RAM for the CPU); None when unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None
-
-
-def _check_kv_pool(config: ModelConfig, dtype: torch.dtype, device: str | torch.device, num_blocks: int,
-                   block_size: int) -> None:
-    """A KV pool larger than the device's whole memory can never be allocated: say so, with the numbers,
-    instead of failing inside the allocator (or building a block list of 10**12 entries)."""
-    per_token = config.kv_bytes_per_token(dtype)
-    need = num_blocks * block_size * per_token
-    dev = torch.device(device)
-    total = _device_memory(dev)
-    if total is not None and need > total:
-        raise ValueError(f"num_blocks (--num-blocks) = {num_blocks} blocks of {block_size} tokens need "
-                         f"{need / 2**30:,.1f} GiB of KV cache ({per_token} bytes per token) but the {dev.type} "
-                         f"has {total / 2**30:,.1f} GiB in all; lower --num-blocks (default: sized for --max-batch)")

@@ -1,4 +1,5 @@
-"""Will it fit? Weights + KV cache vs the memory available, checked before loading.
+"""Will it fit? Weights + KV cache vs the memory available (a warning), and a KV pool larger than the whole
+device (an error), checked before loading.
 
 A model that does not fit is otherwise found out by the OOM killer, minutes into loading. The estimate is
 the weights (parameter count × element size; the loader's peak is the weights plus a bounded scratch,
@@ -7,11 +8,13 @@ see weights.py) plus the KV cache pool (blocks × block size × bytes per token)
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .config import ModelConfig
 
-__all__ = ["MemoryWarning", "available_memory", "memory_warning"]
+__all__ = ["MemoryWarning", "available_memory", "check_kv_pool", "memory_warning", "total_memory"]
 
 
 class MemoryWarning(UserWarning):
@@ -58,3 +61,26 @@ def memory_warning(config: ModelConfig, dtype: torch.dtype, device: torch.device
             f"({kv_tokens} tokens) in {str(dtype).removeprefix('torch.')} = {(weights + kv) / gib:.1f} GiB, but only "
             f"{available / gib:.1f} GiB of {torch.device(device).type} memory is available; loading may fail or be "
             f"killed. " + "; ".join(hints) + ".")
+
+
+def total_memory(device: torch.device) -> int | None:
+    """Total bytes of the device's memory (physical RAM for the CPU); None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def check_kv_pool(config: ModelConfig, dtype: torch.dtype, device: str | torch.device, num_blocks: int,
+                  block_size: int) -> None:
+    """A KV pool larger than the device's whole memory can never be allocated: say so, with the numbers,
+    instead of failing inside the allocator (or building a block list of 10**12 entries)."""
+    per_token = config.kv_bytes_per_token(dtype)
+    need = num_blocks * block_size * per_token
+    dev = torch.device(device)
+    total = total_memory(dev)
+    if total is not None and need > total:
+        raise ValueError(f"num_blocks (--num-blocks) = {num_blocks} blocks of {block_size} tokens need "
+                         f"{need / 2**30:,.1f} GiB of KV cache ({per_token} bytes per token) but the {dev.type} "
+                         f"has {total / 2**30:,.1f} GiB in all; lower --num-blocks (default: sized for --max-batch)")
