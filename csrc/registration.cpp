@@ -31,6 +31,10 @@ constexpr const char* kSchemas[] = {
     "fused_moe(Tensor! out, Tensor x, Tensor gate_weight, Tensor w1, Tensor w2, Tensor w3, int top_k, "
     "bool renormalize) -> ()",
     "moe_expert_ffn(Tensor! out, Tensor permuted_x, Tensor expert_offsets, Tensor w1, Tensor w2, Tensor w3) -> ()",
+    // linear layers on quantized weights  (MK_QUANT_OPS; formats: csrc/kernels/quant_blocks.h). qtype: GGML's
+    // code of a GGUF block format (qweight uint8 [N, K / QK * bytes], scales None) or 1000 = INT8_ROWWISE
+    // (qweight int8 [N, K], scales fp32 [N]).
+    "qlinear(Tensor! out, Tensor x, Tensor qweight, Tensor? scales, int qtype) -> ()",
 };
 
 // CPU-only helpers (no CUDA kernel by design: on GPUs the model uses cuBLAS through torch).

@@ -10,7 +10,8 @@ has one module whose class holds the wrapper of every op of the family (validate
 call ``torch.ops``): ``norm.py`` (rms_norm, fused_add_rms_norm, silu_and_mul), ``rope.py``
 (rotary_embedding, plus the plain-torch ``rope_cos_sin_cache``), ``attention.py`` (reshape_and_cache,
 paged_decode_attention, paged_prefill_attention), ``moe.py`` (topk_softmax, moe_permute, moe_unpermute,
-fused_moe, moe_expert_ffn). This package binds those classes to ``torch.ops.mistral_kernels``;
+fused_moe, moe_expert_ffn), ``quant.py`` (qlinear: linear layers on quantized weights). This package binds
+those classes to ``torch.ops.mistral_kernels``;
 :mod:`mistral_kernels.emulated` binds the same classes to ``torch.ops.mistral_kernels_emu``. A call such as
 ``ops.paged_decode_attention(...)`` runs one Python function, ``AttentionOps.paged_decode_attention`` in
 ``attention.py``, before the C++ op.
@@ -34,10 +35,11 @@ from .attention import AttentionOps
 from .matmul import linear
 from .moe import MoEOps
 from .norm import NormOps
+from .quant import QuantOps
 from .rope import RopeOps, rope_cos_sin_cache
 
 NAMESPACES = ("mistral_kernels", "mistral_kernels_emu")  # kernels on CPU / CUDA tensors; emulated CUDA kernels
-FAMILIES: tuple[type[OpFamily], ...] = (NormOps, RopeOps, AttentionOps, MoEOps)
+FAMILIES: tuple[type[OpFamily], ...] = (NormOps, RopeOps, AttentionOps, MoEOps, QuantOps)
 
 
 def op_names(ns: str) -> list[str]:

@@ -32,6 +32,8 @@ __all__ = [
     "reshape_and_cache",
     # projections (the CPU-only skinny_linear kernel serves ops.linear)
     "linear",
+    # quantized weights (plus the helper dequantize, not an op)
+    "qlinear",
 ]
 
 
@@ -295,6 +297,33 @@ def paged_decode_attention(
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K], weight [N, K] → x @ weight.T [..., N], accumulated in fp32, rounded once to x's dtype."""
     y = (x.float() @ weight.float().T).to(x.dtype)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def dequantize(qweight: torch.Tensor, qtype: int, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 weight [N, K] of a quantized one (``ops.qlinear``'s formats), decoded by the ``gguf``
+    package for the GGUF block formats (the project's kernels are tested against it)."""
+    from .quant import INT8_ROWWISE
+
+    if qtype == INT8_ROWWISE:
+        assert scales is not None, "INT8_ROWWISE needs scales"
+        return qweight.float() * scales.float()[:, None]
+    import gguf.quants
+
+    rows = qweight.detach().cpu().contiguous().numpy()
+    return torch.from_numpy(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(qtype)).copy()).float()
+
+
+def qlinear(
+    x: torch.Tensor, qweight: torch.Tensor, qtype: int, scales: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K], W [N, K] quantized (see ``dequantize``) → [..., N] in x's dtype (fp32 math)."""
+    w = dequantize(qweight, qtype, scales).to(x.device)
+    y = (x.float() @ w.T).to(x.dtype)
     if out is not None:
         out.copy_(y)
         return out
