@@ -45,7 +45,7 @@ template <typename S>
 void permute(const char* op, at::Tensor& permuted, at::Tensor& offsets, at::Tensor& inv_perm, const at::Tensor& x,
              const at::Tensor& ids, int64_t E, cudaStream_t stream) {
   const int64_t n = ids.numel();
-  at::Tensor counts = at::zeros({std::max<int64_t>(1, ceil_div(n, kPermuteChunk)), E}, ids.options());
+  at::Tensor counts = at::zeros({E, std::max<int64_t>(1, ceil_div(n, kPermuteChunk))}, ids.options());
   at::Tensor rank = at::empty({std::max<int64_t>(1, n)}, ids.options());
   check_launch(launch_moe_permute(kptr<S>(permuted), offsets.data_ptr<int64_t>(), inv_perm.data_ptr<int32_t>(),
                                   counts.data_ptr<int32_t>(), rank.data_ptr<int32_t>(), kptr<S>(x),
