@@ -21,7 +21,8 @@
 // memory stays safe, the output is garbage.
 // Bound: memory, 2·n·H·sizeof(T) bytes for the copy; the index kernels move O(n + C·E) ints, the columns
 // kernel with E·ceil(C / 32) warp steps spread over E warps (Mixtral prefill of 4096 tokens, k = 2: C = 256,
-// 8 steps per warp), where one thread per expert used to walk C chunks serially.
+// 8 steps per warp), where one thread per expert used to walk C chunks serially. Shared memory: 64 bytes
+// (the offsets scan's 8 warp sums), no dynamic shared memory; 256-thread blocks, a few registers each.
 #pragma once
 
 #include "../simt/portable.cuh"
