@@ -2,19 +2,27 @@
 // backends.
 // Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = T·k permuted rows.
 //
-// fused_moe composes the kernels without a host sync (the expert offsets never leave the device):
-//   logits [T, E]   = grouped_gemm(x, gate_weight as one group)            (dtype of x)
+// fused_moe composes the kernels without a host sync (the expert offsets never leave the device), over
+// chunks of at most C = check::moe_chunk_tokens() tokens (kMoeChunkTokens, csrc/checks/moe.h: transient
+// memory O(C), every buffer below sized for one chunk and reused), per chunk x_c [T_c, H]:
+//   logits [T_c, E] = x_c · gate_weightᵀ   dense GEMM (at::mm: cuBLAS on CUDA, ATen on the emulated
+//                                           backend's CPU tensors), in x's dtype like nn.Linear
 //   weights, ids    = topk_softmax(logits)                                  (fp32, int32)
-//   permuted [M, H] = moe_permute(x, ids)  + offsets [E+1], inv_perm [T, k]
+//   permuted [M, H] = moe_permute(x_c, ids)  + offsets [E+1], inv_perm [T_c, k]   (M = T_c·k)
 //   h13 [M, 2I]     = [grouped_gemm(permuted, w1) | grouped_gemm(permuted, w3)]   (segments by offsets)
 //   act [M, I]      = silu_and_mul(h13)
 //   y [M, H]        = grouped_gemm(act, w2)
-//   out [T, H]      = moe_unpermute(y, weights, inv_perm)
+//   out_c [T_c, H]  = moe_unpermute(y, weights, inv_perm)
+// The router GEMM (N = E = 8 for Mixtral) used to run as the grouped GEMM with one group: one block for a
+// decode step. cuBLAS splits such a skinny product over the whole GPU.
 // Index ranges of device tensors are checked by the Python wrappers; CPU ones (emulated) here.
 #pragma once
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
+
+#include <algorithm>
 
 #include "../checks/moe.h"
 #include "../kernels/activation.cuh"
@@ -45,7 +53,7 @@ template <typename S>
 void permute(const char* op, at::Tensor& permuted, at::Tensor& offsets, at::Tensor& inv_perm, const at::Tensor& x,
              const at::Tensor& ids, int64_t E, cudaStream_t stream) {
   const int64_t n = ids.numel();
-  at::Tensor counts = at::zeros({std::max<int64_t>(1, ceil_div(n, kPermuteChunk)), E}, ids.options());
+  at::Tensor counts = at::zeros({E, std::max<int64_t>(1, ceil_div(n, kPermuteChunk))}, ids.options());
   at::Tensor rank = at::empty({std::max<int64_t>(1, n)}, ids.options());
   check_launch(launch_moe_permute(kptr<S>(permuted), offsets.data_ptr<int64_t>(), inv_perm.data_ptr<int32_t>(),
                                   counts.data_ptr<int32_t>(), rank.data_ptr<int32_t>(), kptr<S>(x),
@@ -143,28 +151,35 @@ inline void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& ga
   constexpr const char* op = "fused_moe";
   backend::require_device(op, "x", x);
   check::fused_moe_args(op, out, x, gate_weight, w1, w2, w3, top_k, backend::kFloatTypes);
-  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k, M = T * k;
+  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k;
   moe_detail::check_expert_count(op, E);
   if (T == 0) return;
   backend::Context ctx(x);
   const cudaStream_t stream = ctx.stream();
-  at::Tensor logits = at::empty({T, E}, x.options());
-  at::Tensor weights = at::empty({T, k}, x.options().dtype(at::kFloat));
-  at::Tensor ids = at::empty({T, k}, x.options().dtype(at::kInt));
-  at::Tensor inv_perm = at::empty({T, k}, x.options().dtype(at::kInt));
+  const int64_t C = std::min(T, check::moe_chunk_tokens(op)), MC = C * k;  // tokens, rows per chunk
+  at::Tensor logits = at::empty({C, E}, x.options());
+  at::Tensor weights = at::empty({C, k}, x.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty({C, k}, x.options().dtype(at::kInt));
+  at::Tensor inv_perm = at::empty({C, k}, x.options().dtype(at::kInt));
   at::Tensor offsets = at::empty({E + 1}, x.options().dtype(at::kLong));
-  at::Tensor permuted = at::empty({M, H}, x.options());
-  at::Tensor y = at::empty({M, H}, x.options());
+  at::Tensor permuted = at::empty({MC, H}, x.options());
+  at::Tensor y = at::empty({MC, H}, x.options());
+  const at::Tensor gate_t = gate_weight.t();
   MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
-    // router: one group [0, T) of the gate weight seen as [1, E, H]
-    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(logits), E, kptr<scalar_t>(x), H, kptr<scalar_t>(gate_weight),
-                                        static_cast<const int64_t*>(nullptr), 1, T, T, E, H, stream),
-                 op);
-    moe_detail::router<scalar_t>(op, weights, ids, logits, renormalize, stream);
-    moe_detail::permute<scalar_t>(op, permuted, offsets, inv_perm, x, ids, E, stream);
-    // A token picks an expert at most once: no segment exceeds T rows.
-    moe_detail::expert_ffn<scalar_t>(op, y, permuted, offsets.const_data_ptr<int64_t>(), E, T, w1, w2, w3, stream);
-    moe_detail::unpermute<scalar_t>(op, out, y, weights, inv_perm, stream);
+    for (int64_t t0 = 0; t0 < T; t0 += C) {
+      const int64_t tc = std::min(C, T - t0), mc = tc * k;  // narrowed leading dims stay contiguous
+      at::Tensor out_c = out.narrow(0, t0, tc), logits_c = logits.narrow(0, 0, tc);
+      at::Tensor weights_c = weights.narrow(0, 0, tc), ids_c = ids.narrow(0, 0, tc);
+      at::Tensor inv_c = inv_perm.narrow(0, 0, tc), permuted_c = permuted.narrow(0, 0, mc), y_c = y.narrow(0, 0, mc);
+      const at::Tensor x_c = x.narrow(0, t0, tc);
+      at::mm_out(logits_c, x_c, gate_t);  // router: the dense GEMM path
+      moe_detail::router<scalar_t>(op, weights_c, ids_c, logits_c, renormalize, stream);
+      moe_detail::permute<scalar_t>(op, permuted_c, offsets, inv_c, x_c, ids_c, E, stream);
+      // A token picks an expert at most once: no segment exceeds tc rows.
+      moe_detail::expert_ffn<scalar_t>(op, y_c, permuted_c, offsets.const_data_ptr<int64_t>(), E, tc, w1, w2, w3,
+                                       stream);
+      moe_detail::unpermute<scalar_t>(op, out_c, y_c, weights_c, inv_c, stream);
+    }
   });
 }
 

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <type_traits>
 
-#include "kernels/moe_permute.cuh"
 #include "kernels/moe_router.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
@@ -38,7 +37,5 @@ int main() {
   per_type<float>();
   per_type<__half>();
   per_type<__nv_bfloat16>();
-  // launch_moe_permute's scan: E int64 totals, E ≤ kPermuteMaxExperts.
-  std::printf("moe_scan_kernel\t%zu\n", sizeof(int64_t) * mk::kPermuteMaxExperts);
   return 0;
 }
