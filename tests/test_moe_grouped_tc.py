@@ -141,6 +141,18 @@ def test_tile_follows_rows_per_expert(emulated, T: int, E: int, k: int, tile: st
     assert not any("silu_and_mul" in n for n in names), names
 
 
+def test_expert_parallel_rows_count_every_bucket(emulated) -> None:
+    """moe_expert_ffn with G = 2 local experts of 8 buckets (expert parallelism): 130 rows / 8 = 17 per expert →
+    the medium tile (130 / G = 65 would pick prefill); the other ranks' rows stay 0."""
+    offsets = _routed_offsets(65, 8, 2, seed=7)
+    x = torch.randn(int(offsets[-1]), 40, dtype=torch.bfloat16)
+    w1, w2, w3 = _weights(2, 40, 24, torch.bfloat16, seed=8)
+    got = emulated.moe_expert_ffn(x, offsets, w1, w2, w3)
+    gemms = [s.kernel for s in emulated.simt_stats() if "gemm" in s.kernel]
+    assert len(gemms) == 2 and all(TILES["medium"] in n for n in gemms), gemms
+    assert_close(got, ref.moe_expert_ffn(x, offsets, w1, w2, w3))
+
+
 def test_fp32_keeps_the_simt_gemm(emulated) -> None:
     x = torch.randn(7, 40)
     w1, w2, w3 = _weights(2, 40, 24, torch.float32, seed=4)

@@ -71,17 +71,17 @@ void unpermute(const char* op, at::Tensor& out, const at::Tensor& y, const at::T
 // y [M, H] rows of segment g (rows [offsets[g], offsets[g+1]), g < G, offsets on the device) =
 // w2[g]·(silu(w1[g]·x) * w3[g]·x); other rows of y are not written. fp16 / bf16: the tensor-core grouped GEMM
 // (grouped_gemm_tc.cuh) with the SwiGLU in the w1|w3 epilogue (no h13), its tile picked from the expected
-// rows per segment M / G; fp32 and shapes outside its rule: the SIMT grouped GEMM, whose tile height
-// max_group_rows (a bound of any segment) picks. docs/kernels.md lists which kernel runs when.
+// rows per segment (rows_per_group; ≤ 0: M / G); fp32 and shapes outside its rule: the SIMT grouped GEMM,
+// whose tile height max_group_rows (a bound of any segment) picks. docs/kernels.md lists which kernel runs when.
 template <typename S>
 void expert_ffn(const char* op, at::Tensor& y, const at::Tensor& permuted, const int64_t* offsets, int64_t G,
                 int64_t max_group_rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                cudaStream_t stream) {
+                cudaStream_t stream, int64_t rows_per_group = 0) {
   const int64_t M = permuted.size(0), H = permuted.size(1), I = w1.size(1);
   at::Tensor act = at::empty({M, I}, permuted.options());
   const int g = static_cast<int>(G);
   using K = kernel_t<S>;
-  const int64_t rows_per_group = G > 0 ? ceil_div(M, G) : M;
+  if (rows_per_group <= 0) rows_per_group = G > 0 ? ceil_div(M, G) : M;
   const GroupedGemmTcArgs<K> up{kptr<S>(act), I, kptr<S>(permuted), H, kptr<S>(w1), kptr<S>(w3), offsets, g, M, I, H};
   if (grouped_gemm_tc_supported(up)) {
     check_launch(launch_grouped_gemm_tc(up, rows_per_group, stream), op);
@@ -195,9 +195,10 @@ inline void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const 
   out.zero_();
   if (M == 0 || G == 0) return;
   MK_DISPATCH_FLOAT(permuted_x.scalar_type(), op, [&] {
-    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early).
+    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early). The
+    // rows expected per expert: M over every bucket of expert_offsets (other ranks' experts included).
     moe_detail::expert_ffn<scalar_t>(op, out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), G, M, w1, w2, w3,
-                                     ctx.stream());
+                                     ctx.stream(), ceil_div(M, expert_offsets.size(0) - 1));
   });
 }
 
