@@ -9,14 +9,15 @@
 //   plain:  C[r, n] = Σ_κ A[r, κ] · W[g, n, κ]                          (w2: N = H, K = I)
 //   gated:  C[r, n] = swiglu(round(Σ_κ A[r, κ]·W[g, n, κ]), round(Σ_κ A[r, κ]·W3[g, n, κ]))   (w1 | w3: N = I, K = H)
 //           for offsets[g] ≤ r < offsets[g+1]; round = to T and back, so gate and up are rounded where the
-//           unfused path (and reference.py) stores h13: the SwiGLU epilogue changes no result, and the
+//           unfused path (and reference.py) stores h13: the SwiGLU epilogue moves no rounding point, and the
 //           [M, 2I] intermediate is never written.
 //
 // Blocks: grid (slots, N-tiles). x = the M-tile "slot" (grouped_tile of grouped_gemm.cuh: each block walks the
 // device-side offsets to find its group and rows, no host sync; slots past the last tile exit at once; there
 // are grouped_slots = ceil(M / BM) + min(G, M) of them), y = the output-column tile. Slots run fastest, so
-// the blocks resident at once share a weight tile: in prefill each expert's weight tile comes from HBM once
-// and is reused from L2 by all its M-tiles; in decode the grid is wide over N (split-N) so a few rows still
+// the blocks resident at once share a weight tile: in prefill an expert's weight tile comes from HBM about
+// once and is reused from L2 by its M-tiles resident at the same time (all of them up to ~200 per expert,
+// i.e. ~25k rows per expert on a 108-SM A100 at 2 blocks/SM); in decode the grid is wide over N (split-N) so a few rows still
 // put hundreds of blocks to work streaming each touched expert's weights exactly once.
 // Gated: the W part of a stage holds BN/2 rows of W (gate) then BN/2 rows of W3 (up) for the same BN/2
 // output columns; warp (wm, wn) owns NT/2 gate and NT/2 up n-tiles of the same columns, so its epilogue
@@ -29,9 +30,12 @@
 //   per 16-deep k-step: MT ldmatrix.x4 (A), NT/2 ldmatrix.x4 (B from the [n][k] rows: mma's "col" layout),
 //   MT·NT mma.sync.m16n8k16 into fp32 accumulators. A warp whose rows all lie past the segment skips its mma.
 // Epilogue: fragments straight from the accumulators, 4-byte stores (2 columns) per lane; rows past the
-// segment and columns past N are not stored.
+// segment and columns past N are not stored. A store instruction writes 16 contiguous bytes in each of 8 rows
+// (half of each 32-byte sector); a block stores ≤ BM·BN / ((BM + BN)·K) of the bytes it loads (1/64 for the
+// prefill tile at K = 4096), so the epilogue is not staged through shared memory.
 //
-// Tiles (GemmTcTile below), chosen from the EXPECTED rows per group, M / G (fused_moe: T·k / E), not from T:
+// Tiles (GemmTcTile below), chosen from the EXPECTED rows per group, M / G (fused_moe: T·k / E; moe_expert_ffn:
+// M over every bucket of its offsets), not from T:
 //   decode   BM 16,  BN 64,  BK 64, 4 warps 1 × 4, 4 stages, 46,080 B smem   (M / G ≤ 16)
 //   medium   BM 64,  BN 128, BK 32, 4 warps 2 × 2, 3 stages, 46,080 B smem   (16 < M / G ≤ 64)
 //   prefill  BM 128, BN 128, BK 32, 8 warps 2 × 4, 3 stages, 61,440 B smem   (M / G > 64)
