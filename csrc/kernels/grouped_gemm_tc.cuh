@@ -46,7 +46,8 @@
 //
 // Registers (per lane): fp32 accumulators MT·NT·4 (decode 8, medium 64, prefill 64), A fragments MT·4, B 4.
 // Budgets (MIN_BLOCKS, __launch_bounds__): decode 3 blocks/SM (≤ 170 registers; 3 × 45 KiB smem on A100),
-// medium 3 (≤ 170; 3 × 45 KiB), prefill 2 (≤ 128 registers at 256 threads; 2 × 60 KiB). nvcc 13, fp16 and
+// medium 3 (≤ 170; 3 × 45 KiB), prefill 2 (≤ 128 registers at 256 threads; 2 × 60 KiB; on sm_86 / sm_89,
+// 100 KiB of shared memory per SM, one prefill block resides). nvcc 13, fp16 and
 // bf16 alike, plain / gated: sm_80 decode 70 / 80, medium 156 / 164, prefill 124 / 124 registers; sm_90 72 / 82,
 // 156 / 162, 124 / 124; 0 spills — checked by tests/test_nvcc_ptxas.py (no spills, the promised blocks per SM).
 //
