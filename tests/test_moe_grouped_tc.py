@@ -141,6 +141,15 @@ def test_tile_follows_rows_per_expert(emulated, T: int, E: int, k: int, tile: st
     assert not any("silu_and_mul" in n for n in names), names
 
 
+def test_decode_grid_has_no_idle_blocks(emulated) -> None:
+    """T = 1, k = 2 of E = 8: floor(M / BM) + min(G, M) = 2 slots per N-tile, both with a segment."""
+    offsets = _routed_offsets(1, 8, 2, seed=9)
+    w1, w2, w3 = _weights(8, 40, 24, torch.float16, seed=9)
+    emulated.moe_expert_ffn(torch.randn(2, 40, dtype=torch.float16), offsets, w1, w2, w3)
+    launches = [s for s in emulated.simt_stats() if "grouped_gemm_tc_kernel" in s.kernel]
+    assert len(launches) == 2 and all(s.grid[0] == 2 and s.empty_blocks == 0 for s in launches), launches
+
+
 def test_expert_parallel_rows_count_every_bucket(emulated) -> None:
     """moe_expert_ffn with G = 2 local experts of 8 buckets (expert parallelism): 130 rows / 8 = 17 per expert →
     the medium tile (130 / G = 65 would pick prefill); the other ranks' rows stay 0."""

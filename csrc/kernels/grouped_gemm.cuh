@@ -8,7 +8,7 @@
 // Tiles BM × BN, K in steps of BK through shared memory (fp32), fp32 accumulation, 256 threads as 16 × 16,
 // thread (ty, tx) owning rows ty + 16·i and columns tx + 16·j (conflict-free shared reads).
 // Tile scheduler, no host sync: grid.y strides over "slots" = an upper bound of the M-tiles of all groups,
-// grouped_slots = ceil(M / BM) + min(G, M); each block walks the offsets (grouped_tile) to map its slot to
+// grouped_slots = floor(M / BM) + min(G, M); each block walks the offsets (grouped_tile) to map its slot to
 // (group, first row) and exits when the slot lies past the last tile. Empty groups cost one offsets walk
 // per block. fp16 / bf16 expert projections run grouped_gemm_tc.cuh (tensor cores) where it applies.
 // BM = 16 for decode-sized segments (≤ 16 rows per group), 64 otherwise.
@@ -47,10 +47,12 @@ MK_HD bool grouped_tile(const int64_t* offsets, int G, int64_t M, int BM, int64_
   return false;
 }
 
-// Upper bound of the M-tiles over all groups (the grid's slot count): every non-empty group adds at most one
-// partial tile, and at most min(G, M) groups are non-empty (segments are disjoint: the wrappers check offsets).
+// Upper bound of the M-tiles over all groups (the grid's slot count). With offsets: a segment of r rows has
+// ceil(r / BM) ≤ floor(r / BM) + 1 tiles, the floors sum to at most floor(M / BM) and at most min(G, M)
+// segments are non-empty (segments are disjoint: the wrappers check offsets). Decode T = 1, k = 2: M = 2 →
+// 0 + 2 slots, both used.
 MK_HD int64_t grouped_slots(int64_t M, int64_t G, int BM, bool has_offsets) {
-  return ceil_div(M, BM) + (has_offsets ? (G < M ? G : M) : 0);
+  return has_offsets ? M / BM + (G < M ? G : M) : ceil_div(M, BM);
 }
 
 inline constexpr int kGemmThreads = 256;

@@ -14,7 +14,7 @@
 //
 // Blocks: grid (slots, N-tiles). x = the M-tile "slot" (grouped_tile of grouped_gemm.cuh: each block walks the
 // device-side offsets to find its group and rows, no host sync; slots past the last tile exit at once; there
-// are grouped_slots = ceil(M / BM) + min(G, M) of them), y = the output-column tile. Slots run fastest, so
+// are grouped_slots = floor(M / BM) + min(G, M) of them), y = the output-column tile. Slots run fastest, so
 // the blocks resident at once share a weight tile: in prefill an expert's weight tile comes from HBM about
 // once and is reused from L2 by its M-tiles resident at the same time (all of them up to ~200 per expert,
 // i.e. ~25k rows per expert on a 108-SM A100 at 2 blocks/SM); in decode the grid is wide over N (split-N) so a few rows still
