@@ -65,7 +65,7 @@ class Kernel:
 
 
 def _short(demangled: str) -> str:
-    """'void mk::abi_cuda::k<float, 64>(mk::abi_cuda::P<float>)' → 'k<float, 64>'."""
+    """'void mk::abi_cuda::k<float, mk::abi_cuda::Tile<64>>(mk::abi_cuda::P<float>)' → 'k<float, Tile<64>>'."""
     name = demangled.removeprefix("void ")
     depth = 0
     for i, c in enumerate(name):  # cut the parameter list: the first '(' outside template brackets
@@ -74,7 +74,7 @@ def _short(demangled: str) -> str:
         if c == "(" and depth == 0:
             name = name[:i]
             break
-    return re.sub(r"^(?:\w+::)+", "", name)
+    return re.sub(r"(?<![\w:])(?:\w+::)+", "", name)  # every namespace, template arguments' included
 
 
 def _compile(nvcc: str, arch: str, out: Path) -> tuple[str, str]:

@@ -9,8 +9,8 @@
 //                                           backend's CPU tensors), in x's dtype like nn.Linear
 //   weights, ids    = topk_softmax(logits)                                  (fp32, int32)
 //   permuted [M, H] = moe_permute(x_c, ids)  + offsets [E+1], inv_perm [T_c, k]   (M = T_c·k)
-//   h13 [M, 2I]     = [grouped_gemm(permuted, w1) | grouped_gemm(permuted, w3)]   (segments by offsets)
-//   act [M, I]      = silu_and_mul(h13)
+//   act [M, I]      = silu(grouped_gemm(permuted, w1)) * grouped_gemm(permuted, w3)   (segments by offsets;
+//                     fp16 / bf16: one tensor-core GEMM with the SwiGLU epilogue, else h13 [M, 2I] + silu_and_mul)
 //   y [M, H]        = grouped_gemm(act, w2)
 //   out_c [T_c, H]  = moe_unpermute(y, weights, inv_perm)
 // The router GEMM (N = E = 8 for Mixtral) used to run as the grouped GEMM with one group: one block for a
@@ -27,6 +27,7 @@
 #include "../checks/moe.h"
 #include "../kernels/activation.cuh"
 #include "../kernels/grouped_gemm.cuh"
+#include "../kernels/grouped_gemm_tc.cuh"
 #include "../kernels/moe_permute.cuh"
 #include "../kernels/moe_router.cuh"
 #include "common.h"
@@ -76,30 +77,43 @@ void unpermute(const char* op, at::Tensor& out, const at::Tensor& y, const at::T
 }
 
 // y [M, H] rows of segment g (rows [offsets[g], offsets[g+1]), g < G, offsets on the device) =
-// w2[g]·(silu(w1[g]·x) * w3[g]·x); other rows of y are not written. max_group_rows bounds any segment
-// (it only picks the GEMM tile height).
+// w2[g]·(silu(w1[g]·x) * w3[g]·x); other rows of y are not written. fp16 / bf16: the tensor-core grouped GEMM
+// (grouped_gemm_tc.cuh) with the SwiGLU in the w1|w3 epilogue (no h13), its tile picked from the expected
+// rows per segment (rows_per_group; ≤ 0: M / G); fp32 and shapes outside its rule: the SIMT grouped GEMM,
+// whose tile height max_group_rows (a bound of any segment) picks. docs/kernels.md lists which kernel runs when.
 template <typename S>
 void expert_ffn(const char* op, at::Tensor& y, const at::Tensor& permuted, const int64_t* offsets, int64_t G,
                 int64_t max_group_rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                cudaStream_t stream) {
+                cudaStream_t stream, int64_t rows_per_group = 0) {
   const int64_t M = permuted.size(0), H = permuted.size(1), I = w1.size(1);
-  at::Tensor h13 = at::empty({M, 2 * I}, permuted.options());
   at::Tensor act = at::empty({M, I}, permuted.options());
   const int g = static_cast<int>(G);
-  kernel_t<S>* h = kptr<S>(h13);
-  check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<S>(permuted), H, kptr<S>(w1), offsets, g, M, max_group_rows, I,
-                                      H, stream),
-               op);
-  check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<S>(permuted), H, kptr<S>(w3), offsets, g, M, max_group_rows,
-                                      I, H, stream),
-               op);
-  constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
-  for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
-    check_launch(launch_silu_and_mul(kptr<S>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I, stream),
+  using K = kernel_t<S>;
+  if (rows_per_group <= 0) rows_per_group = G > 0 ? ceil_div(M, G) : M;
+  const GroupedGemmTcArgs<K> up{kptr<S>(act), I, kptr<S>(permuted), H, kptr<S>(w1), kptr<S>(w3), offsets, g, M, I, H};
+  if (grouped_gemm_tc_supported(up)) {
+    check_launch(launch_grouped_gemm_tc(up, rows_per_group, stream), op);
+  } else {
+    at::Tensor h13 = at::empty({M, 2 * I}, permuted.options());
+    K* h = kptr<S>(h13);
+    check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<S>(permuted), H, kptr<S>(w1), offsets, g, M, max_group_rows, I,
+                                        H, stream),
                  op);
-  check_launch(launch_grouped_gemm_nt(kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), offsets, g, M, max_group_rows, H,
-                                      I, stream),
-               op);
+    check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<S>(permuted), H, kptr<S>(w3), offsets, g, M,
+                                        max_group_rows, I, H, stream),
+                 op);
+    constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
+    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
+      check_launch(launch_silu_and_mul(kptr<S>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I, stream),
+                   op);
+  }
+  const GroupedGemmTcArgs<K> down{kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), nullptr, offsets, g, M, H, I};
+  if (grouped_gemm_tc_supported(down))
+    check_launch(launch_grouped_gemm_tc(down, rows_per_group, stream), op);
+  else
+    check_launch(launch_grouped_gemm_nt(kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), offsets, g, M, max_group_rows, H,
+                                        I, stream),
+                 op);
 }
 
 }  // namespace moe_detail
@@ -196,9 +210,10 @@ inline void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const 
   out.zero_();
   if (M == 0 || G == 0) return;
   MK_DISPATCH_FLOAT(permuted_x.scalar_type(), op, [&] {
-    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early).
+    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early). The
+    // rows expected per expert: M over every bucket of expert_offsets (other ranks' experts included).
     moe_detail::expert_ffn<scalar_t>(op, out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), G, M, w1, w2, w3,
-                                     ctx.stream());
+                                     ctx.stream(), ceil_div(M, expert_offsets.size(0) - 1));
   });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <type_traits>
 
+#include "kernels/grouped_gemm_tc.cuh"
 #include "kernels/moe_router.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
@@ -23,11 +24,25 @@ void attention() {
                 mk::PrefillTcTile<D>::template smem_bytes<T>());
 }
 
+// grouped_gemm_tc_kernel<T, GemmTcTile<BM, BN, BK, WM, WN, S, B>, gated> as c++filt prints it (namespaces cut).
+template <typename T, typename C>
+void grouped_gemm_tc() {
+  for (const char* gated : {"false", "true"})
+    std::printf("grouped_gemm_tc_kernel<%s, GemmTcTile<%d, %d, %d, %d, %d, %d, %d>, %s>\t%zu\n",
+                type_name<T>(), C::BM, C::BN, C::BK, C::WARPS_M, C::WARPS_N, C::STAGES, C::MIN_BLOCKS, gated,
+                C::template smem_bytes<T>());
+}
+
 template <typename T>
 void per_type() {
 #define MK_DYN_SMEM_D(D) attention<T, D>();
   MK_HEAD_DIMS(MK_DYN_SMEM_D)
 #undef MK_DYN_SMEM_D
+  if constexpr (mk::kTcType<T>) {
+    grouped_gemm_tc<T, mk::GemmTcDecode>();
+    grouped_gemm_tc<T, mk::GemmTcMedium>();
+    grouped_gemm_tc<T, mk::GemmTcPrefill>();
+  }
   // launch_topk_softmax, general path (E > 32): kRouterWarps·E floats, E ≤ kRouterMaxExperts.
   std::printf("topk_softmax_kernel<%s, false>\t%zu\n", type_name<T>(),
               sizeof(float) * mk::kRouterWarps * mk::kRouterMaxExperts);
