@@ -2,6 +2,7 @@
 
 - a batch of more than 65535 decode sequences (grid.y limit: the launch is split into chunks);
 - partition_size far beyond the keys (clamped to one partition, not truncated to int → zeros);
+- block tables of more than 32 blocks (the decode kernel's per-warp window of block ids);
 - many ragged prefill sequences, empty ones included, through the work-list grid (SIMT fp32 and
   tensor-core bf16 kernels), and a mixed batch: its decode rows through the decode kernel (split-K) and
   through the prefill kernel agree with the reference and with each other; the model sends the leading
@@ -47,6 +48,14 @@ def test_decode_more_than_65535_sequences(backend_one_schedule: Backend) -> None
 def test_decode_partition_size_is_clamped(backend_one_schedule: Backend, partition_size: int) -> None:
     be = backend_one_schedule
     _check_decode(be.ops, be.device, [40, 3, 0], 4, 2, 64, 8, torch.float32, None, seed=2,
+                  partition_size=partition_size)
+
+
+@pytest.mark.parametrize("s, window, partition_size", [(1, None, 0), (2, 101, 64), (3, None, 32)])
+def test_decode_block_table_window(backend: Backend, s: int, window: int | None, partition_size: int) -> None:
+    """Sequences over more than 32 small blocks: the kernel holds 32 block ids per warp and reloads the window
+    as its chunks move on (a window start inside a block, split-K partitions starting mid-block)."""
+    _check_decode(backend.ops, backend.device, [150, 67, 3], 8, 2, 64, s, torch.float32, window, seed=s,
                   partition_size=partition_size)
 
 

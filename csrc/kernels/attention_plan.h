@@ -41,7 +41,7 @@
 namespace mk::inline MK_ABI {
 
 inline constexpr int64_t kMaxGridYZ = 65535;          // CUDA's limit of gridDim.y and gridDim.z
-inline constexpr int64_t kDecodeMinPartition = 32;    // keys: one 8-key step of each of the 4 warps
+inline constexpr int64_t kDecodeMinPartition = 32;    // keys: one 8-key chunk of each of the 4 warps (D 128, 16-bit)
 inline constexpr int64_t kDecodeBlocksPerSm = 2;      // the automatic plan's occupancy target
 
 struct DecodePlan {
