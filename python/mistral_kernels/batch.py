@@ -21,8 +21,9 @@ sequence 0 has 5 cached tokens, 2 new, blocks [7, 2]; sequence 1 is new with 3 t
     decode_only   = False
     num_decode    = 0      (leading sequences with exactly one new token: none here)
 
-A mixed step whose first sequences decode (the scheduler puts running requests first) sends those rows to
-the decode kernel (split-K over long contexts) and the rest to the prefill kernel: with sequences
+A mixed step whose first sequences decode sends those rows to the decode kernel (split-K over long
+contexts) and the rest to the prefill kernel. :class:`~mistral_kernels.runner.ModelRunner` builds every
+mixed step with all its single-token chunks first, so all decode rows take the decode kernel. With sequences
 [decode, decode, prefill chunk of 3], ``num_decode = 2`` and ``prefill_cu_seqlens_q = [0, 3]`` (the
 cu_seqlens_q of the sequences after them, from 0).
 
