@@ -247,9 +247,9 @@ __device__ __forceinline__ void paged_prefill_tile(const PrefillParams<T>& p, in
 }
 
 // Grid (prefill_grid, Hkv): block x runs the work items x, x + gridDim.x, ... (never none, see the header).
-template <typename T, int D>
 // 2 resident blocks: up to 255 registers. Without the hint ptxas capped fp32 D 96 at 168 registers and
 // spilled once the kernel looped over work items (ptxas sm_80 / sm_90: 120-237 registers, no spills).
+template <typename T, int D>
 __global__ void __launch_bounds__(kPrefillWarps * 32, 2)
 paged_prefill_kernel(const PrefillParams<T> p, int B) {
   SIMT_DYN_SMEM(unsigned char, smem);
