@@ -107,9 +107,9 @@ class AttentionBatch:
         num_cached : tokens of each sequence already in the cache
         num_new : new tokens of each sequence in this step (≥ 1)
         block_size : tokens per cache block
-        logits_sequences : the sequences b (increasing) whose last new token gets logits:
-            ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's last
-            token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
+        logits_sequences : distinct sequences b whose last new token gets logits, in the order of the logits
+            rows: ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's
+            last token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
         num_blocks : physical blocks of the cache; when given, every block id of the tables must lie in
             [0, num_blocks) (ValueError otherwise)
         max_position : rows of the RoPE table; when given, every position must be below it
@@ -144,8 +144,8 @@ class AttentionBatch:
         logits_indices = None
         if logits_sequences is not None:
             rows = list(logits_sequences)
-            if any(not 0 <= r < b for r in rows) or rows != sorted(set(rows)):
-                raise ValueError(f"AttentionBatch.build: logits_sequences must be increasing ids in [0, {b}), "
+            if any(not 0 <= r < b for r in rows) or len(set(rows)) != len(rows):
+                raise ValueError(f"AttentionBatch.build: logits_sequences must be distinct ids in [0, {b}), "
                                  f"got {rows}")
             logits_indices = to_device([cu[r + 1] - 1 for r in rows], torch.int64, device)
         decode_only = all(n == 1 for n in num_new)

@@ -100,23 +100,19 @@ class ModelRunner:
         Decodes first (row-kind split): the forward runs the chunks reordered — every single-token chunk
         first, in batch order, then the others — so that :class:`AttentionBatch` sends ALL decode rows of a
         mixed step to the decode kernel (split-K), whatever order the scheduler chose (a request still in
-        chunked prefill may precede decoding ones). The logits come back to batch order with one gather
-        (index list built on the host: no sync); none when the order is unchanged.
+        chunked prefill may precede decoding ones). ``logits_sequences`` lists the sampling chunks' places in
+        that order in batch order, so the logits rows come out in batch order (no extra gather or sync).
         """
         order = sorted(range(len(chunks)), key=lambda i: chunks[i].num_new != 1)  # stable: decodes first
         run = [chunks[i] for i in order]
+        place = {i: k for k, i in enumerate(order)}  # chunk → its sequence in the reordered batch
         batch = AttentionBatch.build([c.block_table for c in run], [c.num_cached for c in run],
                                      [c.num_new for c in run], block_size, self.device,
-                                     logits_sequences=[b for b, c in enumerate(run) if c.samples],
+                                     logits_sequences=[place[i] for i, c in enumerate(chunks) if c.samples],
                                      num_blocks=self.num_blocks, max_position=self.model.config.max_position)
         ids = to_device([t for c in run for t in c.token_ids], torch.int64, self.device)  # [T]
         with device_index_checks(False):  # validated on the host by AttentionBatch.build
-            logits = self.model.forward(ids, batch, self.cache)  # [N, V] in the reordered batch's order
-        row_of = {i: r for r, i in enumerate(i for i in order if chunks[i].samples)}  # chunk → its logits row
-        rows = [row_of[i] for i, c in enumerate(chunks) if c.samples]
-        if rows != sorted(rows):
-            logits = logits.index_select(0, to_device(rows, torch.int64, self.device))
-        return logits
+            return self.model.forward(ids, batch, self.cache)  # [N, V]
 
     def execute(self, output: SchedulerOutput) -> list[int]:
         """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)."""
