@@ -12,8 +12,9 @@
 // Sequence b's q_b new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query at position p
 // sees keys first_visible_key(p, W) ≤ j ≤ p (common.cuh; W = window, 0 = none).
 //
-// Grid (floor(Tq·G/BM) + B, Hkv), 4 warps; a block's (sequence, tile) comes from the work list of
-// attention_plan.h (prefill_locate_tile), at most one idle block per sequence. GQA packing: the rows of a
+// Grid (ceil(Tq·G/BM), Hkv), 4 warps; block x runs the items x, x + grid, ... of the work list of
+// attention_plan.h (exactly the (sequence, tile) pairs that exist; prefill_find_item, paged_prefill.cuh):
+// no block is empty. GQA packing: the rows of a
 // block are (token, q head) pairs of ONE kv head, token-major (row r → token r / G, head r % G), so the G
 // q heads of a kv head share every K/V tile loaded into shared memory.
 // Tile skipping: the keys any row of the block sees form one range [kstart, kend) (first row's window
@@ -125,21 +126,18 @@ __device__ __forceinline__ bool tc_masked_v_nonfinite(const T* Vs, int n0, int l
   return simt::any(bad);
 }
 
+// One work item: (sequence b, tile) of kv head blockIdx.y (see the header).
 template <typename T, int D>
-__global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
-paged_prefill_tc_kernel(const PrefillParams<T> p, int B) {
+__device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p, int b, int tile, T* smem) {
   using C = PrefillTcTile<D>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, CH = C::CH, NT = C::NT, OT = C::OT;
   constexpr float kNegInf = -INFINITY, kLog2e = 1.4426950408889634f;
   using V16 = Vec<T, 8>;
-  SIMT_DYN_SMEM(T, smem);
   T* Qs = smem;             // [BM][LD]
   T* KVs = Qs + BM * LD;    // [2 stages][K, V][BN][LD]
 
   const int kvh = blockIdx.y;
   const int G = p.Hq / p.Hkv;
-  int b, tile;  // this block's work item (attention_plan.h); none: exit, uniform for the whole block
-  if (!prefill_locate_tile(p.cu_seqlens_q, B, blockIdx.x, G, BM, b, tile)) return;
   const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
   const int rows = qlen * G, r0 = tile * BM;
   const int pos0 = p.seq_lens[b] - qlen;  // position of the sequence's first new token
@@ -355,11 +353,26 @@ inline bool paged_prefill_tc_supported(const PrefillParams<T>& p, int D) {
   return kPrefillTcType<T> && head_dim_supported(D) && aligned16(p.out);
 }
 
+// Grid (prefill_grid, Hkv): block x runs the work items x, x + gridDim.x, ... (never none, see the header).
+template <typename T, int D>
+__global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
+paged_prefill_tc_kernel(const PrefillParams<T> p, int B) {
+  SIMT_DYN_SMEM(T, smem);
+  const int G = p.Hq / p.Hkv;
+  int b, tile;
+#pragma unroll 1
+  for (int t = blockIdx.x; prefill_find_item(p.cu_seqlens_q, B, t, G, PrefillTcTile<D>::BM, b, tile);
+       t += gridDim.x) {
+    if (t != static_cast<int>(blockIdx.x)) __syncthreads();  // the previous item's epilogue is done with shared memory
+    paged_prefill_tc_tile<T, D>(p, b, tile, smem);
+  }
+}
+
 template <typename T, int D>
 cudaError_t launch_paged_prefill_tc_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
   using C = PrefillTcTile<D>;
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(static_cast<unsigned>(prefill_tile_start(Tq, B, G, C::BM)), static_cast<unsigned>(p.Hkv));
+  const dim3 grid(static_cast<unsigned>(prefill_grid(Tq, G, C::BM)), static_cast<unsigned>(p.Hkv));
   return simt::launch(paged_prefill_tc_kernel<T, D>, grid, dim3(C::THREADS), C::template smem_bytes<T>(), stream, p,
                       B);
 }
