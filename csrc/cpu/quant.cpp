@@ -38,13 +38,30 @@ void dequant_tile(int64_t qtype, const at::Tensor& qweight, const std::optional<
 void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
                   const std::optional<at::Tensor>& scales, int64_t qtype, const QFormat& f) {
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  const float* xp = xf.const_data_ptr<float>();
   float* yp = yf.data_ptr<float>();
   // work per output column: its packed bytes plus M·K multiply-adds; at least 4 columns per task.
   const int64_t row_bytes = qtype == kInt8Rowwise ? K : K / f.block * f.bytes;
   const int64_t grain = parallel_grain(row_bytes + M * K, 4);
+#if defined(MK_QUANT_BF16_DOT)
+  if (x.scalar_type() == at::kBFloat16 && qtype != kInt8Rowwise && qtype != kQ8_0) {
+    // bf16 x: the codes' bf16 dot products (quant_kernels.h, dot_row_bf16), Σ x per 32 computed once.
+    const at::Tensor xsum = at::empty({M, K / 32}, x.options().dtype(at::kFloat));
+    const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
+    quant::chunk_sums_bf16(xb, M, K, xsum.data_ptr<float>());
+    const uint8_t* w = qweight.const_data_ptr<uint8_t>();
+    const float* xs = xsum.const_data_ptr<float>();
+    with_block_qtype(static_cast<int32_t>(qtype), [&]<int32_t QT>() {
+      if constexpr (quant::kBf16Dot<QT>)
+        at::parallel_for(0, N, grain,
+                         [&](int64_t n0, int64_t n1) { quant::gemv_rows_bf16<QT>(w, K, xb, xs, M, yp, N, n0, n1); });
+    });
+    out.copy_(yf);
+    return;
+  }
+#endif
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const float* xp = xf.const_data_ptr<float>();
   if (qtype == kInt8Rowwise) {
     const int8_t* w = qweight.const_data_ptr<int8_t>();
     const float* s = scales->const_data_ptr<float>();
