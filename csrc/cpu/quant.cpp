@@ -13,6 +13,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 
+#include <vector>
+
 #include "../checks/quant.h"
 #include "common.h"
 #include "quant_kernels.h"
@@ -49,25 +51,47 @@ constexpr Bf16Path bf16_path() {
   return Bf16Path::kFp32;
 }
 
-// y [M, N] fp32 for a block format QT; false when this (QT, x dtype) has no special path (then fp32 decoding).
-template <int32_t QT>
-bool gemv_bf16_fast(const at::Tensor& x, const at::Tensor& qweight, float* yp, int64_t grain) {
+// Per-thread scratch of the decode path (the quantized / summed activations), grown on demand: no tensor
+// allocation per call (decode calls are ~10 us at SmolLM2 sizes).
+uint8_t* scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+
+// f(y) with y the output as fp32 or bf16 bits; fp16 out goes through a fp32 buffer.
+template <typename F>
+void with_out(at::Tensor& out, F&& f) {
+  if (out.scalar_type() == at::kFloat) {
+    f(out.data_ptr<float>());
+  } else if (out.scalar_type() == at::kBFloat16) {
+    f(reinterpret_cast<uint16_t*>(out.data_ptr()));
+  } else {
+    at::Tensor yf = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    f(yf.data_ptr<float>());
+    out.copy_(yf);
+  }
+}
+
+// y [M, N] for a block format QT and bf16 x through the int8 or bf16 dot products; false when this (QT, x dtype)
+// has no such path (then fp32 decoding).
+template <int32_t QT, typename OUT>
+bool gemv_bf16_fast(const at::Tensor& x, const at::Tensor& qweight, OUT* yp, int64_t grain) {
   constexpr Bf16Path path = bf16_path<QT>();
   if (path == Bf16Path::kFp32 || x.scalar_type() != at::kBFloat16) return false;
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0), nchunks = K / 32;
   const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
   const uint8_t* w = qweight.const_data_ptr<uint8_t>();
-  // per chunk of 32 activations: (int8 path) the scale dx and dx · Σ q; (bf16 path) Σ x
-  const at::Tensor sums = at::empty({2, M, nchunks}, x.options().dtype(at::kFloat));
-  float* s0 = sums.data_ptr<float>();
+  // per chunk of 32 activations: (int8 path) the scale dx and dx · Σ q, then the int8 x; (bf16 path) Σ x
+  uint8_t* buf = scratch(static_cast<size_t>(2 * M * nchunks) * sizeof(float) + static_cast<size_t>(M * K));
+  float* s0 = reinterpret_cast<float*>(buf);
   float* s1 = s0 + M * nchunks;
+  [[maybe_unused]] int8_t* xq = reinterpret_cast<int8_t*>(s1 + M * nchunks);
 #if defined(MK_QUANT_VNNI)
   if constexpr (path == Bf16Path::kInt8) {
-    const at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kChar));
-    int8_t* xqp = xq.data_ptr<int8_t>();
-    quant::quantize_x_q8<true>(xb, M, K, xqp, s0, s1);
+    quant::quantize_x_q8<true>(xb, M, K, xq, s0, s1);
     at::parallel_for(0, N, grain,
-                     [&](int64_t n0, int64_t n1) { quant::gemv_rows_q8<QT>(w, K, xqp, s0, s1, M, yp, N, n0, n1); });
+                     [&](int64_t n0, int64_t n1) { quant::gemv_rows_q8<QT>(w, K, xq, s0, s1, M, yp, N, n0, n1); });
     return true;
   }
 #endif
@@ -79,21 +103,21 @@ bool gemv_bf16_fast(const at::Tensor& x, const at::Tensor& qweight, float* yp, i
     return true;
   }
 #endif
-  (void)s1, (void)xb, (void)w;
+  (void)xb, (void)w;
   return false;
 }
 
 void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
                   const std::optional<at::Tensor>& scales, int64_t qtype, const QFormat& f) {
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  float* yp = yf.data_ptr<float>();
   // work per output column: its packed bytes plus M·K multiply-adds; at least 4 columns per task.
   const int64_t row_bytes = qtype == kInt8Rowwise ? K : K / f.block * f.bytes;
   const int64_t grain = parallel_grain(row_bytes + M * K, 4);
-  bool done = false;
-  with_block_qtype(static_cast<int32_t>(qtype), [&]<int32_t QT>() { done = gemv_bf16_fast<QT>(x, qweight, yp, grain); });
-  if (!done) {
+  with_out(out, [&](auto* yp) {
+    bool done = false;
+    with_block_qtype(static_cast<int32_t>(qtype),
+                     [&]<int32_t QT>() { done = gemv_bf16_fast<QT>(x, qweight, yp, grain); });
+    if (done) return;
     const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
     const float* xp = xf.const_data_ptr<float>();
     if (qtype == kInt8Rowwise) {
@@ -108,8 +132,7 @@ void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
                          [&](int64_t n0, int64_t n1) { quant::gemv_rows<QT>(w, K, xp, M, yp, N, n0, n1); });
       });
     }
-  }
-  if (!yf.is_same(out)) out.copy_(yf);
+  });
 }
 
 void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,

@@ -46,6 +46,15 @@ inline uint16_t bf16_bits(float f) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// A result of the GEMV as fp32 (OUT = float) or bf16 bits (OUT = uint16_t).
+template <typename OUT>
+inline OUT out_cast(float v) {
+  if constexpr (sizeof(OUT) == 4)
+    return v;
+  else
+    return bf16_bits(v);
+}
+
 template <int32_t QT>
 struct Geometry;
 #define MK_QUANT_GEOMETRY(code, nm, qk, nb) \
@@ -154,8 +163,8 @@ __attribute__((always_inline)) inline void decode_block(const uint8_t* blk, F&& 
 }
 
 // acc[m] (two vectors per row of x) += x[m, k0 ..] · decoded row, over the K / QK blocks of one packed row.
-template <int32_t QT, int MB>
-inline void dot_row(const uint8_t* row, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+template <int32_t QT, int MB, typename OUT>
+inline void dot_row(const uint8_t* row, int64_t nblocks, const float* x, int64_t ldx, OUT* y, int64_t ldy) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   __m512 acc0[MB], acc1[MB];
   for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
@@ -169,12 +178,12 @@ inline void dot_row(const uint8_t* row, int64_t nblocks, const float* x, int64_t
       }
     });
   }
-  for (int m = 0; m < MB; ++m) y[m * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m]));
+  for (int m = 0; m < MB; ++m) y[m * ldy] = out_cast<OUT>(_mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m])));
 }
 
 // Σ_k q[k] · x[m, k] for int8 q (INT8_ROWWISE), 32 at a time with a masked tail.
-template <int MB>
-inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, float scale, float* y, int64_t ldy) {
+template <int MB, typename OUT>
+inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, float scale, OUT* y, int64_t ldy) {
   __m512 acc0[MB], acc1[MB];
   for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
   int64_t k = 0;
@@ -191,7 +200,7 @@ inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, 
     const __m512 w = i8_to_f32(_mm_maskz_loadu_epi8(mk, q + k));
     for (int m = 0; m < MB; ++m) acc0[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + m * ldx + k), w, acc0[m]);
   }
-  for (int m = 0; m < MB; ++m) y[m * ldy] = scale * _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m]));
+  for (int m = 0; m < MB; ++m) y[m * ldy] = out_cast<OUT>(scale * _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m])));
 }
 
 #if defined(__AVX512BF16__)
@@ -289,9 +298,9 @@ __attribute__((always_inline)) inline void decode_block_bf16(const uint8_t* blk,
 
 // y[m] = Σ_k x[m, k] · W[row, k] for MB rows of bf16 x (bits), through the codes' bf16 dot products.
 // xsum [MB, K / 32]: Σ x per chunk of 32 (formats with a min); mins: scratch of K / 32 floats.
-template <int32_t QT, int MB>
+template <int32_t QT, int MB, typename OUT>
 inline void dot_row_bf16(const uint8_t* row, int64_t nblocks, const uint16_t* x, int64_t ldx, const float* xsum,
-                         float* mins, float* y, int64_t ldy) {
+                         float* mins, OUT* y, int64_t ldy) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES, CH = QK / 32;
   const int64_t nchunks = nblocks * CH;
   __m512 acc[MB];
@@ -319,13 +328,13 @@ inline void dot_row_bf16(const uint8_t* row, int64_t nblocks, const uint16_t* x,
       cv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, mins + c), _mm512_maskz_loadu_ps(tail, xsum + m * nchunks + c), cv);
       corr = _mm512_reduce_add_ps(cv);
     }
-    y[m * ldy] = _mm512_reduce_add_ps(acc[m]) + corr;
+    y[m * ldy] = out_cast<OUT>(_mm512_reduce_add_ps(acc[m]) + corr);
   }
 }
 
 // y[M, n] for n in [n0, n1), bf16 x [M, K] (bits) with xsum [M, K / 32] (see dot_row_bf16).
-template <int32_t QT>
-void gemv_rows_bf16(const uint8_t* w, int64_t K, const uint16_t* x, const float* xsum, int64_t M, float* y,
+template <int32_t QT, typename OUT>
+void gemv_rows_bf16(const uint8_t* w, int64_t K, const uint16_t* x, const float* xsum, int64_t M, OUT* y,
                     int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, nchunks = K / 32;
@@ -418,9 +427,9 @@ __attribute__((always_inline)) inline void decode_block_u8(const uint8_t* blk, F
 
 // y[m] ≈ Σ_k x[m, k] · W[row, k] for MB rows of quantized x: xq int8 [MB, K] (ld ldx), dx / xs [MB, K / 32]
 // (ld nchunks); mins: scratch of K / 32 floats.
-template <int32_t QT, int MB>
+template <int32_t QT, int MB, typename OUT>
 inline void dot_row_q8(const uint8_t* row, int64_t nblocks, const int8_t* xq, int64_t ldx, const float* dx,
-                       const float* xs, int64_t nchunks, float* mins, float* y, int64_t ldy) {
+                       const float* xs, int64_t nchunks, float* mins, OUT* y, int64_t ldy) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES, CH = QK / 32;
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
@@ -445,12 +454,12 @@ inline void dot_row_q8(const uint8_t* row, int64_t nblocks, const int8_t* xq, in
     cv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, mins + c), _mm512_maskz_loadu_ps(tail, xs + m * nchunks + c), cv);
     const __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
     const __m128 a2 = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    y[m * ldy] = _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2))) + _mm512_reduce_add_ps(cv);
+    y[m * ldy] = out_cast<OUT>(_mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2))) + _mm512_reduce_add_ps(cv));
   }
 }
 
-template <int32_t QT>
-void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx, const float* xs, int64_t M, float* y,
+template <int32_t QT, typename OUT>
+void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx, const float* xs, int64_t M, OUT* y,
                   int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, nchunks = K / 32;
@@ -500,8 +509,8 @@ void quantize_x_q8(const void* x, int64_t M, int64_t K, int8_t* xq, float* dx, f
 
 #else  // portable
 
-template <int32_t QT, int MB>
-inline void dot_row(const uint8_t* row, int64_t nblocks, const float* x, int64_t ldx, float* y, int64_t ldy) {
+template <int32_t QT, int MB, typename OUT>
+inline void dot_row(const uint8_t* row, int64_t nblocks, const float* x, int64_t ldx, OUT* y, int64_t ldy) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   float w[QK];
   float acc[MB][16] = {};
@@ -516,12 +525,12 @@ inline void dot_row(const uint8_t* row, int64_t nblocks, const float* x, int64_t
   for (int m = 0; m < MB; ++m) {
     float s = 0.f;
     for (int l = 0; l < 16; ++l) s += acc[m][l];
-    y[m * ldy] = s;
+    y[m * ldy] = out_cast<OUT>(s);
   }
 }
 
-template <int MB>
-inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, float scale, float* y, int64_t ldy) {
+template <int MB, typename OUT>
+inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, float scale, OUT* y, int64_t ldy) {
   float acc[MB][16] = {};
   int64_t k = 0;
   for (; k + 16 <= K; k += 16)
@@ -531,15 +540,15 @@ inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, 
     float s = 0.f;
     for (int l = 0; l < 16; ++l) s += acc[m][l];
     for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(q[kk]);
-    y[m * ldy] = scale * s;
+    y[m * ldy] = out_cast<OUT>(scale * s);
   }
 }
 
 #endif
 
 // y[M, n] for n in [n0, n1): y has leading dimension ldy (N). x [M, K] fp32 contiguous.
-template <int32_t QT>
-void gemv_rows(const uint8_t* w, int64_t K, const float* x, int64_t M, float* y, int64_t ldy, int64_t n0,
+template <int32_t QT, typename OUT>
+void gemv_rows(const uint8_t* w, int64_t K, const float* x, int64_t M, OUT* y, int64_t ldy, int64_t n0,
                int64_t n1) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES;
@@ -556,7 +565,8 @@ void gemv_rows(const uint8_t* w, int64_t K, const float* x, int64_t M, float* y,
   }
 }
 
-inline void gemv_rows_i8(const int8_t* w, const float* scales, int64_t K, const float* x, int64_t M, float* y,
+template <typename OUT>
+void gemv_rows_i8(const int8_t* w, const float* scales, int64_t K, const float* x, int64_t M, OUT* y,
                          int64_t ldy, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t* row = w + n * K;
