@@ -1,13 +1,15 @@
 // cpu/quant.cpp — native CPU qlinear (MK_QUANT_OPS): out[M, N] = x[M, K] · W[N, K]ᵀ with W in a quantized
 // format (csrc/kernels/quant_blocks.h). x / out fp32, bf16 or fp16; fp32 accumulation. The kernels are
 // csrc/cpu/quant_kernels.h (framework-free); this file checks arguments, converts and picks the path:
-//   M ≤ kGemvMaxM (decode): gemv_rows, parallel over N (at::parallel_for). x is converted to fp32 once
-//     (M·K elements, small); the result is written in fp32 and rounded once to out's dtype.
-//     Bound: memory — the packed bytes N·R per call at copy bandwidth.
+//   M ≤ kGemvMaxM (decode): the GEMV kernels, parallel over N (at::parallel_for); bf16 x takes the int8 (VNNI)
+//     or bf16 dot-product paths where the CPU and format have them, anything else the fp32 decoding (x converted
+//     to fp32 once, M·K elements). Results are written once in out's dtype. Bound: memory — the packed bytes
+//     N·R per call at copy bandwidth.
 //   M > kGemvMaxM (prefill): W is dequantized one tile of rows at a time (about kTileBytes, in parallel over
 //     the tile's rows) into fp32 (bf16 when x is bf16: the weights are then rounded to bf16 like a dense bf16
 //     model's, and the GEMM runs at the bf16 rate) and multiplied by ATen's GEMM (at::mm, multi-threaded).
 //     Bound: the GEMM's FLOPs, 2·M·N·K; the dequantization adds N·K element stores per call.
+// Accuracy of each path: csrc/cpu/quant_kernels.h; tests/test_quant_linear.py checks the bounds.
 #include <torch/library.h>
 
 #include <ATen/ops/empty.h>

@@ -3,20 +3,21 @@
 // decoding they follow: csrc/kernels/quant_blocks.h.
 // Shape letters: M rows of x (tokens), K in features, N out features, QK elements per block, R packed row bytes.
 //
-// gemv_rows<QT>   y[M, n0..n1) = x[M, K] · W[n0..n1, K]ᵀ for decode-sized M (≤ 16), x and y fp32.
-//     Streams each packed row of W once from memory and decodes its blocks in registers: AVX-512 (F + BW + VL)
-//     unpacks 32 weights at a time to two fp32 vectors (nibbles / bytes → int32 → fp32, scale and min applied
-//     by one FMA) and FMAs them against fp32 activations, up to 4 rows of x per pass (M > 4 re-reads the
-//     packed row from L1, not from memory). The activations are not quantized, so the result equals the
-//     fp32 matmul of gguf's dequantized weight up to fp32 summation order.
-//     Bound: memory, N·R packed bytes per call (e.g. Q4_0 4.5 bits per weight) / copy bandwidth; the decode
-//     costs ~3 vector ops per 16 weights, below the stream rate of one core for M ≤ 4 (benchmarks/
-//     results/quant_cpu.md has the measured GB/s and % of copy bandwidth).
-// dequant_rows<QT> W[n0..n1, K] → fp32 or bf16 rows (the prefill path: tiles of W for a GEMM). Bound: the
-//     GEMM that follows, 2·M·N·K FLOPs; the dequantization is N·K stores, O(1/M) of the work.
-// Portable path (no AVX-512): dequant_block<QT> into a 256-float buffer and a plain dot product.
-// INT8_ROWWISE (int8 [N, K] + fp32 scales [N]) has its own loops: W[n, k] = q[n, k] · scale[n], applied as
-// scale[n] · Σ_k q[n, k] · x[k].
+// Decode, M ≤ 16 rows of x (GEMV): every path streams each packed row of W once and decodes its blocks in
+// registers, parallel over N in the caller; bound: memory, N·R packed bytes per call / copy bandwidth
+// (e.g. Q4_0 0.5625 bytes per weight, 3.6× fewer than bf16), as long as the decode keeps up with the stream
+// (benchmarks/results/quant_cpu.md: the measured GB/s and % of the copy bandwidth).
+//   gemv_rows<QT>       fp32 x: 32 weights → two fp32 vectors (bytes → int32 → fp32, scale and min by one FMA),
+//                       FMA against x, up to 4 rows of x per pass. Exact up to fp32 summation order (the
+//                       activations are not quantized). Also bf16 / fp16 x without the paths below.
+//   gemv_rows_q8<QT>    bf16 x, AVX512-VNNI, Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K: x quantized to int8 per 32 once
+//                       per call, one vpdpbusd per 32 weights (see its section for the error bound).
+//   gemv_rows_bf16<QT>  bf16 x, AVX512-BF16 (Q6_K; all but Q8_0 without VNNI): the codes as exact bf16 by a
+//                       lookup, vdpbf16ps: exact up to fp32 summation order.
+//   gemv_rows_i8        INT8_ROWWISE (int8 [N, K] + fp32 scales [N]): scale[n] · Σ_k q[n, k] · x[k] in fp32.
+// Prefill, M > 16: dequant_rows<QT> writes W[n0..n1, K] as fp32 or bf16 rows, tiles for the GEMM of
+//   csrc/cpu/quant.cpp; bound: that GEMM, 2·M·N·K FLOPs (the dequantization is N·K stores, O(1/M) of it).
+// Portable path (no AVX-512): dequant_block<QT> (quant_blocks.h) into a buffer and a plain dot product.
 #pragma once
 
 #include <cstdint>
@@ -200,7 +201,8 @@ inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, 
     const __m512 w = i8_to_f32(_mm_maskz_loadu_epi8(mk, q + k));
     for (int m = 0; m < MB; ++m) acc0[m] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + m * ldx + k), w, acc0[m]);
   }
-  for (int m = 0; m < MB; ++m) y[m * ldy] = out_cast<OUT>(scale * _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m])));
+  for (int m = 0; m < MB; ++m)
+    y[m * ldy] = out_cast<OUT>(scale * _mm512_reduce_add_ps(_mm512_add_ps(acc0[m], acc1[m])));
 }
 
 #if defined(__AVX512BF16__)
@@ -325,7 +327,8 @@ inline void dot_row_bf16(const uint8_t* row, int64_t nblocks, const uint16_t* x,
       for (; c + 16 <= nchunks; c += 16)
         cv = _mm512_fmadd_ps(_mm512_loadu_ps(mins + c), _mm512_loadu_ps(xsum + m * nchunks + c), cv);
       const __mmask16 tail = static_cast<__mmask16>((1u << (nchunks - c)) - 1);
-      cv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, mins + c), _mm512_maskz_loadu_ps(tail, xsum + m * nchunks + c), cv);
+      cv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, mins + c),
+                           _mm512_maskz_loadu_ps(tail, xsum + m * nchunks + c), cv);
       corr = _mm512_reduce_add_ps(cv);
     }
     y[m * ldy] = out_cast<OUT>(_mm512_reduce_add_ps(acc[m]) + corr);
@@ -486,8 +489,10 @@ void quantize_x_q8(const void* x, int64_t M, int64_t K, int8_t* xq, float* dx, f
     __m512 v0, v1;
     if constexpr (BF16) {
       const uint16_t* p = static_cast<const uint16_t*>(x) + 32 * i;
-      v0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-      v1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + 16))), 16));
+      const __m256i h0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i h1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+      v0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+      v1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
     } else {
       const float* p = static_cast<const float*>(x) + 32 * i;
       v0 = _mm512_loadu_ps(p);
