@@ -5,9 +5,10 @@
 //     or bf16 dot-product paths where the CPU and format have them, anything else the fp32 decoding (x converted
 //     to fp32 once, M·K elements). Results are written once in out's dtype. Bound: memory — the packed bytes
 //     N·R per call at copy bandwidth.
-//   M > kGemvMaxM (prefill): W is dequantized one tile of rows at a time (about kTileBytes, in parallel over
-//     the tile's rows) into fp32 (bf16 when x is bf16: the weights are then rounded to bf16 like a dense bf16
-//     model's, and the GEMM runs at the bf16 rate) and multiplied by ATen's GEMM (at::mm, multi-threaded).
+//   M > kGemvMaxM (prefill): parallel over tiles of W's rows (about kTileBytes each): a task dequantizes a tile
+//     into its own buffer as fp32 (bf16 when x is bf16: the weights are then rounded to bf16 like a dense bf16
+//     model's, and the GEMM runs at the bf16 rate) and multiplies it by x with ATen's GEMM (at::mm, one thread
+//     inside the parallel region).
 //     Bound: the GEMM's FLOPs, 2·M·N·K; the dequantization adds N·K element stores per call.
 // Accuracy of each path: csrc/cpu/quant_kernels.h; tests/test_quant_linear.py checks the bounds.
 #include <torch/library.h>
@@ -25,7 +26,7 @@ namespace mk::cpu {
 namespace {
 
 constexpr int64_t kGemvMaxM = 16;               // the decode path up to this many rows of x
-constexpr int64_t kTileBytes = int64_t{8} << 20;  // the dequantized W tile of the prefill path
+constexpr int64_t kTileBytes = int64_t{1} << 20;  // a dequantized W tile of the prefill path (L2-sized)
 
 // Rows [n0, n1) of W, dequantized into dst (fp32 or bf16 bits).
 template <typename OUT>
@@ -143,22 +144,23 @@ void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xg = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const int64_t elt = bf16 ? 2 : 4;
-  const int64_t nt = std::min<int64_t>(N, std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16));
-  at::Tensor tile = at::empty({nt, K}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  at::Tensor y = at::empty({M, nt}, xg.options());
-  const int64_t grain = parallel_grain(K, 1);
-  for (int64_t n0 = 0; n0 < N; n0 += nt) {
-    const int64_t n1 = std::min(N, n0 + nt), rows = n1 - n0;
-    at::parallel_for(n0, n1, grain, [&](int64_t a, int64_t b) {
+  // rows per tile: about kTileBytes, a multiple of 16, and at least one tile per thread
+  const int64_t per_thread = (N + at::get_num_threads() - 1) / at::get_num_threads();
+  const int64_t nt = std::min<int64_t>(std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16), per_thread);
+  const int64_t ntiles = (N + nt - 1) / nt;
+  // Each task dequantizes its tiles into its own buffer and multiplies them by x with a single-threaded GEMM
+  // (at::mm inside a parallel region): one parallel region per call, each tile used from the thread's L2.
+  at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
+    at::Tensor tile = at::empty({nt, K}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * nt, n1 = std::min(N, n0 + nt), rows = n1 - n0;
       if (bf16)
-        dequant_tile(qtype, qweight, scales, K, a, b, reinterpret_cast<uint16_t*>(tile.data_ptr()) + (a - n0) * K);
+        dequant_tile(qtype, qweight, scales, K, n0, n1, reinterpret_cast<uint16_t*>(tile.data_ptr()));
       else
-        dequant_tile(qtype, qweight, scales, K, a, b, tile.data_ptr<float>() + (a - n0) * K);
-    });
-    at::Tensor yt = rows == nt ? y : at::empty({M, rows}, xg.options());
-    at::mm_out(yt, xg, tile.narrow(0, 0, rows).t());
-    out.narrow(1, n0, rows).copy_(yt);
-  }
+        dequant_tile(qtype, qweight, scales, K, n0, n1, tile.data_ptr<float>());
+      out.narrow(1, n0, rows).copy_(at::mm(xg, tile.narrow(0, 0, rows).t()));
+    }
+  });
 }
 
 void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const std::optional<at::Tensor>& scales,
