@@ -105,6 +105,22 @@ def test_qlinear_independent_of_thread_count() -> None:
     assert torch.equal(one, many)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", FORMATS)
+def test_qlinear_nan_activations_give_nan_rows(name: str, dtype: torch.dtype) -> None:
+    # A NaN in a row of x makes that row of the output NaN (as the fp32 matmul's), on every path; other rows
+    # are untouched. (The int8 path checks finiteness per 32 activations before quantizing them.)
+    k = _k_for(name)
+    qweight, scales = random_qweight(name, 5, k, seed=7)
+    for m in (3, 20):  # GEMV, GEMM
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+        x[1, k // 2] = float("nan")
+        out = ops.qlinear(x, qweight, QFORMATS[name].qtype, scales)
+        assert out[1].isnan().all(), (name, m, out[1])
+        keep = torch.arange(m) != 1
+        _check(name, x[keep], qweight, scales, out[keep])
+
+
 def test_qlinear_bad_inputs_name_the_argument() -> None:
     op = torch.ops.mistral_kernels.qlinear
     q4, _ = random_qweight("Q4_0", 4, 64, seed=0)  # [4, 2 · 18]

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "../kernels/quant_blocks.h"
@@ -499,8 +500,12 @@ void quantize_x_q8(const void* x, int64_t M, int64_t K, int8_t* xq, float* dx, f
       v1 = _mm512_loadu_ps(p + 16);
     }
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const float d = amax / 127.0f;
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    // a NaN or ±inf among the 32 (x · 0 is NaN only for those): dx = NaN, so the outputs of this row are NaN
+    // as the fp32 matmul's would be (±inf there when no weight is 0; NaN here).
+    const __m512 zero = _mm512_setzero_ps();
+    const bool finite = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_mul_ps(v0, zero), _mm512_mul_ps(v1, zero))) == 0.0f;
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const __m512 inv = _mm512_set1_ps(finite && amax > 0.0f ? 127.0f / amax : 0.0f);
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // round to nearest even; |q| ≤ 127
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + 32 * i), _mm512_cvtsepi32_epi8(q0));
