@@ -435,20 +435,30 @@ template <int32_t QT, int MB, typename OUT>
 inline void dot_row_q8(const uint8_t* row, int64_t nblocks, const int8_t* xq, int64_t ldx, const float* dx,
                        const float* xs, int64_t nchunks, float* mins, OUT* y, int64_t ldy) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES, CH = QK / 32;
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nblocks; ++b) {
+  // two accumulators per row of x (even / odd chunks): the FMA chain would otherwise bind at M = 1
+  __m256 acc[2][MB];
+  for (int m = 0; m < MB; ++m) acc[0][m] = acc[1][m] = _mm256_setzero_ps();
+  auto block = [&]<int P>(int64_t b) {  // P: the accumulator of the block's chunk 0
     _mm_prefetch(reinterpret_cast<const char*>(row + (b + 8) * BYTES), _MM_HINT_T0);
     decode_block_u8<QT>(row + b * BYTES, [&](int c, __m256i codes, __m256 s, float mn) {
       const int64_t g = b * CH + c;
       mins[g] = mn;
+      __m256(&a)[MB] = acc[(P + c) & 1];
       for (int m = 0; m < MB; ++m) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * ldx + 32 * g));
         const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, xv);
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, _mm256_set1_ps(dx[m * nchunks + g])), acc[m]);
+        a[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, _mm256_set1_ps(dx[m * nchunks + g])), a[m]);
       }
     });
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2) {
+    block.template operator()<0>(b);
+    block.template operator()<1>(b + 1);
   }
+  if (b < nblocks) block.template operator()<0>(b);
+  for (int m = 0; m < MB; ++m) acc[0][m] = _mm256_add_ps(acc[0][m], acc[1][m]);
+  __m256(&acc0)[MB] = acc[0];
   for (int m = 0; m < MB; ++m) {
     __m512 cv = _mm512_setzero_ps();
     int64_t c = 0;
@@ -456,7 +466,7 @@ inline void dot_row_q8(const uint8_t* row, int64_t nblocks, const int8_t* xq, in
       cv = _mm512_fmadd_ps(_mm512_loadu_ps(mins + c), _mm512_loadu_ps(xs + m * nchunks + c), cv);
     const __mmask16 tail = static_cast<__mmask16>((1u << (nchunks - c)) - 1);
     cv = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, mins + c), _mm512_maskz_loadu_ps(tail, xs + m * nchunks + c), cv);
-    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc0[m]), _mm256_extractf128_ps(acc0[m], 1));
     const __m128 a2 = _mm_add_ps(a, _mm_movehl_ps(a, a));
     y[m * ldy] = out_cast<OUT>(_mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2))) + _mm512_reduce_add_ps(cv));
   }
