@@ -472,13 +472,66 @@ inline void dot_row_q8(const uint8_t* row, int64_t nblocks, const int8_t* xq, in
   }
 }
 
+// M = 1: NB rows of W at a time (the x chunk and its scale loaded once for them, and their epilogues overlap):
+// short rows (K = 576: 18 chunks) otherwise pay ~50 cycles of per-row epilogue each.
+template <int32_t QT, int NB, typename OUT>
+inline void dot_rows_q8_m1(const uint8_t* row, int64_t R, int64_t nblocks, const int8_t* xq, const float* dx,
+                           const float* xs, int64_t nchunks, float* mins, OUT* y) {
+  constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES, CH = QK / 32;
+  __m256 acc[2][NB];
+  for (int r = 0; r < NB; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
+  auto block = [&]<int P>(int64_t b) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NB; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + r * R + (b + 8) * BYTES), _MM_HINT_T0);
+      decode_block_u8<QT>(row + r * R + b * BYTES, [&](int c, __m256i codes, __m256 s, float mn) {
+        const int64_t g = b * CH + c;
+        mins[r * nchunks + g] = mn;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * g));
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, xv);
+        __m256& a = acc[(P + c) & 1][r];
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s, _mm256_set1_ps(dx[g])), a);
+      });
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2) {
+    block.template operator()<0>(b);
+    block.template operator()<1>(b + 1);
+  }
+  if (b < nblocks) block.template operator()<0>(b);
+  __m512 cv[NB];
+  for (int r = 0; r < NB; ++r) cv[r] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= nchunks; c += 16) {
+    const __m512 xv = _mm512_loadu_ps(xs + c);
+    for (int r = 0; r < NB; ++r) cv[r] = _mm512_fmadd_ps(_mm512_loadu_ps(mins + r * nchunks + c), xv, cv[r]);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (nchunks - c)) - 1);
+  const __m512 xt = _mm512_maskz_loadu_ps(tail, xs + c);
+  for (int r = 0; r < NB; ++r) {
+    cv[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, mins + r * nchunks + c), xt, cv[r]);
+    const __m256 a8 = _mm256_add_ps(_mm256_add_ps(acc[0][r], acc[1][r]),
+                                    _mm256_add_ps(_mm512_castps512_ps256(cv[r]), _mm512_extractf32x8_ps(cv[r], 1)));
+    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    const __m128 a2 = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    y[r] = out_cast<OUT>(_mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2))));
+  }
+}
+
 template <int32_t QT, typename OUT>
 void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx, const float* xs, int64_t M, OUT* y,
                   int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, nchunks = K / 32;
-  std::unique_ptr<float[]> mins(new float[nchunks]);
-  for (int64_t n = n0; n < n1; ++n) {
+  constexpr int kNB = 4;  // rows of W per pass at M = 1
+  std::unique_ptr<float[]> mins(new float[kNB * nchunks]);
+  int64_t n = n0;
+  if (M == 1) {
+    for (; n + kNB <= n1; n += kNB)
+      dot_rows_q8_m1<QT, kNB>(w + n * R, R, nblocks, xq, dx, xs, nchunks, mins.get(), y + n);
+  }
+  for (; n < n1; ++n) {
     const uint8_t* row = w + n * R;
     int64_t m = 0;
     auto pass = [&]<int MB>() {
