@@ -79,7 +79,7 @@ def run(threads: int, formats: list[str], m: int) -> str:
         g = torch.Generator().manual_seed(n + k)
         x = torch.randn(1, k, generator=g).to(dtype)
         dense = (torch.randn(n, k, generator=g) * 0.02).to(dtype)
-        t_dense = best_time(lambda: ops.linear(x, dense))
+        t_dense = best_time(lambda: ops.linear(x, dense), repeats=60, min_time=1.0)
         dense_gbs = n * k * 2 / t_dense / 1e9
         decode_rows.append([model, proj, n, k, "bf16 dense", 2.0, t_dense * 1e6, dense_gbs, 100 * dense_gbs / bw, 1.0])
         print(decode_rows[-1], flush=True)
@@ -89,7 +89,7 @@ def run(threads: int, formats: list[str], m: int) -> str:
                 continue
             qweight, scales = random_qweight(name, n, k, seed=1, random_bytes=True)
             nbytes = qweight.numel() * qweight.element_size() + (0 if scales is None else scales.numel() * 4)
-            t = best_time(lambda: ops.qlinear(x, qweight, f.qtype, scales))
+            t = best_time(lambda: ops.qlinear(x, qweight, f.qtype, scales), repeats=60, min_time=1.0)
             gbs = nbytes / t / 1e9
             decode_rows.append([model, proj, n, k, name, nbytes / (n * k), t * 1e6, gbs, 100 * gbs / bw, t_dense / t])
             print(decode_rows[-1], flush=True)

@@ -472,8 +472,8 @@ inline void dot_row_q8(const uint8_t* row, int64_t nblocks, const int8_t* xq, in
   }
 }
 
-// M = 1: NB rows of W at a time (the x chunk and its scale loaded once for them, and their epilogues overlap):
-// short rows (K = 576: 18 chunks) otherwise pay ~50 cycles of per-row epilogue each.
+// M = 1 and short rows: NB rows of W at a time (the x chunk and its scale loaded once for them, and their
+// epilogues overlap): short rows (K = 576: 18 chunks) otherwise pay ~50 cycles of per-row epilogue each.
 template <int32_t QT, int NB, typename OUT>
 inline void dot_rows_q8_m1(const uint8_t* row, int64_t R, int64_t nblocks, const int8_t* xq, const float* dx,
                            const float* xs, int64_t nchunks, float* mins, OUT* y) {
@@ -527,7 +527,7 @@ void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx
   constexpr int kNB = 4;  // rows of W per pass at M = 1
   std::unique_ptr<float[]> mins(new float[kNB * nchunks]);
   int64_t n = n0;
-  if (M == 1) {
+  if (M == 1 && nchunks < 64) {  // short rows only: on long ones one stream per row measured as fast or faster
     for (; n + kNB <= n1; n += kNB)
       dot_rows_q8_m1<QT, kNB>(w + n * R, R, nblocks, xq, dx, xs, nchunks, mins.get(), y + n);
   }
