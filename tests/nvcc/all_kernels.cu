@@ -10,6 +10,8 @@
 #include "kernels/paged_decode.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
+#include "kernels/quant_gemm.cuh"
+#include "kernels/quant_gemv.cuh"
 #include "kernels/rope.cuh"
 
 // Arguments are opaque to the compiler (function parameters), so every launcher and kernel is kept.
@@ -17,6 +19,7 @@ template <typename T>
 struct Args {
   T *a, *b, *c;
   float *w, *cos_sin;
+  uint8_t* packed;
   int32_t *ids, *inv_perm, *counts, *rank;
   int64_t *offsets, *slots, *positions;
   mk::PagedKV<T> cache;
@@ -43,6 +46,12 @@ cudaError_t launch_all(const Args<T>& x) {
   acc(mk::launch_paged_decode(x.decode, x.d, nullptr));
   acc(mk::launch_paged_prefill(x.prefill, x.n, x.d, x.d, nullptr));
   acc(mk::launch_paged_prefill_tc(x.prefill, x.n, x.d, x.d, nullptr));
+  // qlinear: GEMV (every MR) and GEMM for every format of MK_QTYPES
+#define MK_ALL_QUANT(code, name, qk, nb)                                                 \
+  acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr)); \
+  acc(mk::launch_quant_gemm<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));
+  MK_QTYPES(MK_ALL_QUANT)
+#undef MK_ALL_QUANT
   return e;
 }
 
