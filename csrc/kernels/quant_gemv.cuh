@@ -12,7 +12,9 @@
 // chunk: it reads the 8 x values of each of the MR rows once (two float4 per row) and decodes the same unit
 // of all 4 weight rows, FMA-ing it into 4 × MR fp32 accumulators — x is reused 4× from registers, each weight
 // byte is loaded once. 32 consecutive units are 256 weights: one super-block of a K format, 8 blocks of
-// Q4_0 / Q4_1 / Q8_0, contiguous bytes per weight row, so the warp's loads of a row are coalesced. At the end
+// Q4_0 / Q4_1 / Q8_0, contiguous bytes per weight row, so the warp's loads of a row are coalesced (the block's
+// scale bytes are broadcast to its lanes; Q6_K's ql / qh bytes serve two units, lanes u and u + 8 of the same
+// load instruction). INT8_ROWWISE: two 4-byte loads per unit where K % 4 == 0. At the end
 // a warp-shuffle sum, then the 4 warps' partial sums add up through shared memory.
 //
 // Bytes per call: N·R packed weights (read once) + M·K·sizeof(T) activations per block (from L2; N/4 blocks)
@@ -55,9 +57,19 @@ inline constexpr size_t gemv_smem_bytes() {
 template <int32_t QT>
 __device__ __forceinline__ void gemv_unit(const uint8_t* row, int64_t U, int64_t K, float scale, float (&y)[8]) {
   if constexpr (QT == kInt8Rowwise) {
-    const int8_t* q = reinterpret_cast<const int8_t*>(row) + 8 * U;
+    const uint8_t* q = row + 8 * U;
+    if (8 * U + 8 <= K && (reinterpret_cast<uintptr_t>(q) & 3u) == 0) {  // two 4-byte loads
+      const uint32_t w0 = load_u32(q), w1 = load_u32(q + 4);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) y[j] = 8 * U + j < K ? static_cast<float>(q[j]) * scale : 0.f;
+      for (int j = 0; j < 4; ++j) {  // (b ^ 0x80) - 128 = the int8 value b
+        y[j] = (small_u2f(((w0 >> (8 * j)) & 255u) ^ 128u) - 128.0f) * scale;
+        y[j + 4] = (small_u2f(((w1 >> (8 * j)) & 255u) ^ 128u) - 128.0f) * scale;
+      }
+    } else {  // the partial last unit (K not a multiple of 8) or rows at odd addresses
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        y[j] = 8 * U + j < K ? static_cast<float>(reinterpret_cast<const int8_t*>(q)[j]) * scale : 0.f;
+    }
   } else {
     constexpr QFormat f = qformat(QT);
     dequant_unit<QT>(row + (U / kUnits<QT>) * f.bytes, static_cast<int>(U % kUnits<QT>), y);
