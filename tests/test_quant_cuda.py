@@ -73,9 +73,10 @@ def test_every_format_matches_gguf(backend: Backend, name: str, m: int) -> None:
 
 @pytest.mark.parametrize("backend", ["emu-random"], indirect=True)
 @pytest.mark.parametrize(("name", "m", "n", "k"), [
-    ("Q4_0", 2, 5, 32),          # one block: the GEMM's K tile is half empty, the GEMV's x chunk partial
+    ("Q4_0", 2, 5, 32),          # one block: the GEMV's x chunk partial
+    ("Q4_0", 9, 5, 32),          # one block: the GEMM's K tile is half empty
     ("Q8_0", 24, 70, 96),        # an odd number of 32-blocks, two N tiles of the GEMM
-    ("Q4_1", 8, 9, 8448),        # GEMV MR 8, K over two x chunks (KC 1024 at MR 8)
+    ("Q4_1", 8, 9, 1280),        # GEMV MR 8, K over three x chunks (KC 512 at MR 8), the last partial
     ("Q6_K", 70, 66, 256),       # two M tiles and two N tiles
     ("INT8_ROWWISE", 5, 7, 37),  # K not a multiple of 8: partial unit, x rows unfit for 16-byte copies
     ("INT8_ROWWISE", 33, 7, 37),
