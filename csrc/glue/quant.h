@@ -26,7 +26,7 @@ inline void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwei
     return;
   }
   // The unit loads need the packed rows 4-byte aligned (quant_blocks.h, kUnitAlign); a view at an odd
-  // offset (e.g. a slice of a memory-mapped file) is copied once.
+  // offset (e.g. a slice of a memory-mapped file) is copied, at every call: loaders keep packed weights aligned.
   const at::Tensor w = reinterpret_cast<uintptr_t>(qweight.data_ptr()) % 4 == 0 ? qweight : qweight.clone();
   const auto* wp = static_cast<const uint8_t*>(w.data_ptr());
   const float* sp = qtype == kInt8Rowwise ? scales->data_ptr<float>() : nullptr;
