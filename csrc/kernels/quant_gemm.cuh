@@ -14,9 +14,9 @@
 // Compute: fp16 / bf16 x → the W tile holds T (the dequantized fp32 weight rounded once to T) and each
 //   warp computes a 32×32 quarter with mma.sync.m16n8k16 (fp32 accumulation): A = x rows via ldmatrix.x4,
 //   B = W rows via ldmatrix.x4 (a W row is a column of Wᵀ: mma's "col" layout), the fragment helpers of
-//   paged_prefill_tc.cuh. LD = 72: a row is 36 words ≡ 4 (mod 32), conflict-free ldmatrix (see there).
-//   fp32 x → a SIMT path, no conversion: the W tile holds fp32 weights (exactly gguf's values) and each
-//   thread accumulates a 4×8 block of outputs with FMAs (LD = 68).
+//   tc_fragments.cuh. LD = 72: a row is 36 words ≡ 4 (mod 32), conflict-free ldmatrix (the argument of
+//   paged_prefill_tc.cuh's header). fp32 x → a SIMT path, no conversion: the W tile holds fp32 weights
+//   (exactly gguf's values) and each thread accumulates 8 rows × 4 columns of outputs with FMAs (LD = 68).
 // Shared memory: 2 stages × (BM + BN) × LD × sizeof: 16-bit 36,864 B, fp32 69,632 B (dynamic, opt-in).
 // Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): fp16 / bf16 106–141, fp32 113–128.
 // Roofline (design estimate, unmeasured): per tile 2·64·64·64 FLOP against 64·64·2 B of x and ~64·64·0.56 B
@@ -30,7 +30,7 @@
 
 #include "../simt/portable.cuh"
 #include "common.cuh"
-#include "paged_prefill_tc.cuh"
+#include "tc_fragments.cuh"
 #include "quant_blocks.h"
 #include "quant_gemv.cuh"
 
@@ -38,7 +38,7 @@ namespace mk::inline MK_ABI {
 
 template <typename T>
 struct QGemmTile {
-  static constexpr bool TC = kPrefillTcType<T>;      // fp16 / bf16: tensor cores; fp32: SIMT
+  static constexpr bool TC = kTcType<T>;             // fp16 / bf16: tensor cores; fp32: SIMT
   using S = std::conditional_t<TC, T, float>;         // shared-memory element
   static constexpr int BM = 64, BN = 64, BK = 64, THREADS = 128;
   // Resident blocks per SM the registers are sized for (≤ 168 each; without the hint ptxas chose 80 and
@@ -218,8 +218,9 @@ cudaError_t launch_quant_gemm(T* out, const T* x, const uint8_t* w, const float*
   for (int64_t r0 = 0; r0 < M; r0 += kMaxTiles * C::BM) {
     const int64_t rows = M - r0 < kMaxTiles * C::BM ? M - r0 : kMaxTiles * C::BM;
     const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(ceil_div(rows, C::BM)));
+    const bool vec = x_vec && aligned16(x + r0 * K);
     const cudaError_t err = simt::launch(quant_gemm_kernel<T, QT>, grid, dim3(C::THREADS), C::smem_bytes(), stream,
-                                         out + r0 * N, x + r0 * K, w, scales, rows, N, K, R, x_vec && aligned16(x + r0 * K));
+                                         out + r0 * N, x + r0 * K, w, scales, rows, N, K, R, vec);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -25,8 +25,8 @@
 //   SMs issue (132 SMs × 128 lanes × 1.83 GHz), and shared memory serves 8 x floats per 4 weight rows (~25 of
 //   128 B/clk per SM). Latency: 16 KiB of shared memory and 45–90 registers per thread at MR ≤ 2 let 5–10
 //   blocks (20–40 warps) reside per SM, each thread with 2 units × 4 rows of loads in flight (~10–40 KiB per
-//   SM, about what Little's law asks at ~600 ns latency: H100 3.35 TB/s / 132 SMs · 600 ns ≈ 15 KiB). Expect 70–85 %
-//   of HBM bandwidth on A100 (1.56–2.0 TB/s) and H100 for N ≥ 1024 (≥ 256 blocks).
+//   SM, about what Little's law asks at ~600 ns latency: H100 3.35 TB/s / 132 SMs · 600 ns ≈ 15 KiB).
+//   Expect 70–85 % of HBM bandwidth on A100 (1.56–2.0 TB/s) and H100 for N ≥ 1024 (≥ 256 blocks).
 //   M = 8: x traffic from shared memory grows to ~200 B/clk per SM and the FMAs to ~9 per weight: compute /
 //   shared-memory bound at an estimated 40–60 % of HBM bandwidth for 4-bit formats (8-bit formats carry
 //   twice the bytes per weight and stay nearer the memory bound). Larger M goes to quant_gemm.cuh.

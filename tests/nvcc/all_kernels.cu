@@ -3,6 +3,7 @@
 // tests/test_nvcc_ptxas.py, which compiles this file with -Xptxas -v and checks every kernel's resources.
 #include "kernels/activation.cuh"
 #include "kernels/grouped_gemm.cuh"
+#include "kernels/grouped_gemm_tc.cuh"
 #include "kernels/kv_cache.cuh"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_router.cuh"
@@ -46,6 +47,12 @@ cudaError_t launch_all(const Args<T>& x) {
   acc(mk::launch_paged_decode(x.decode, x.d, nullptr));
   acc(mk::launch_paged_prefill(x.prefill, x.n, x.d, x.d, nullptr));
   acc(mk::launch_paged_prefill_tc(x.prefill, x.n, x.d, x.d, nullptr));
+  // every tile (decode / medium / prefill, picked by the rows per group), plain and gated (x.c as W3)
+  const mk::GroupedGemmTcArgs<T> plain{x.a, x.n, x.b, x.n, x.c, nullptr, x.offsets, x.d, x.n, x.n, x.n};
+  mk::GroupedGemmTcArgs<T> gated = plain;
+  gated.W3 = x.c;
+  acc(mk::launch_grouped_gemm_tc(plain, x.n, nullptr));
+  acc(mk::launch_grouped_gemm_tc(gated, x.n, nullptr));
   // qlinear: GEMV (every MR) and GEMM for every format of MK_QTYPES
 #define MK_ALL_QUANT(code, name, qk, nb)                                                 \
   acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr)); \
