@@ -65,7 +65,7 @@ struct QFormat {
 };
 
 // The geometry of `qtype`, or {0, "unknown", 0, 0} for a code without native kernels.
-MK_HD QFormat qformat(int32_t qtype) {
+MK_HD constexpr QFormat qformat(int32_t qtype) {
 #define MK_QFORMAT_CASE(code, nm, qk, nb) \
   if (qtype == code) return QFormat{code, nm, qk, nb};
   MK_QTYPES(MK_QFORMAT_CASE)
@@ -171,6 +171,114 @@ MK_HD void dequant_block(const uint8_t* blk, float* y) {
         yh[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
         yh[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
       }
+    }
+  }
+}
+
+// ---- units: 8 weights decoded together (the CUDA kernels, csrc/kernels/quant_gemv.cuh / quant_gemm.cuh) ----
+// A row of K weights is K / 8 units (INT8_ROWWISE: ceil(K / 8)); unit U of a row lies in block U / kUnits<QT>
+// as that block's unit u = U % kUnits<QT>. A unit is two groups of 4 consecutive weights, y[0..3] at block
+// elements unit_elem<QT>(u, 0) + 0..3 and y[4..7] at unit_elem<QT>(u, 1) + 0..3; both groups of a unit lie
+// in the same 64-element range of K (range U / 8), so a 64-wide K tile holds exactly units 8t … 8t + 7.
+//   Q4_0 / Q4_1  u 0..3:  qs[4u .. 4u+3], low nibbles → 4u + j, high nibbles → 16 + 4u + j
+//   Q8_0         u 0..3:  qs[8u .. 8u+7] → 8u + j, 8u + 4 + j
+//   Q4_K / Q5_K  u 0..31: pair p = u / 8, l0 = 4·(u % 8): qs[32p + l0 .. +3], low nibbles → sub-block 2p,
+//                         element 64p + l0 + j; high nibbles → sub-block 2p + 1, element 64p + 32 + l0 + j
+//                         (Q5_K: bits 2p / 2p + 1 of qh[l0 + j])
+//   Q6_K         u 0..31: half h = u / 16, nib = (u / 8) % 2, l0 = 4·(u % 8): ql[64h + l0 + j] and
+//                         ql[64h + 32 + l0 + j], low nibbles (nib 0: q1 / q2 of the layout above) or high
+//                         (nib 1: q3 / q4), with qh[32h + l0 + j] bits 4·nib + 0..1 / 4·nib + 2..3 →
+//                         elements 128h + 64·nib + l0 + j and 128h + 64·nib + 32 + l0 + j
+//   INT8_ROWWISE u 0:     8 consecutive int8 (the caller applies the row scale)
+// Values are bit-identical to dequant_block (same products, same order; an FMA rounds d·q + m once, as the
+// exact d·q plus m does).
+template <int32_t QT>
+inline constexpr int kUnits = QT == kQ4_K || QT == kQ5_K || QT == kQ6_K ? 32 : QT == kInt8Rowwise ? 1 : 4;
+
+template <int32_t QT>
+MK_HD int unit_elem(int u, int g) {
+  if constexpr (QT == kQ4_0 || QT == kQ4_1) return 4 * u + 16 * g;
+  else if constexpr (QT == kQ8_0 || QT == kInt8Rowwise) return 8 * u + 4 * g;
+  else return 64 * (u / 8) + 32 * g + 4 * (u % 8);  // Q4_K / Q5_K: 64p; Q6_K: 128h + 64·nib = 64·(u / 8)
+}
+
+// Small non-negative integer (< 2^23) → float, exact: one OR and one subtraction on the GPU (the I2F
+// conversion runs at a quarter of the FMA rate on sm_80 / sm_90).
+MK_HD float small_u2f(uint32_t q) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(0x4B000000u | q) - 8388608.0f;
+#else
+  return static_cast<float>(q);
+#endif
+}
+
+// 16 / 32-bit little-endian loads at an address aligned to their size (see kUnitAlign).
+MK_HD uint32_t load_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+MK_HD uint32_t load_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// Four bytes at a 2-byte aligned address.
+MK_HD uint32_t load_u32_a2(const uint8_t* p) { return load_u16(p) | load_u16(p + 2) << 16; }
+
+// Alignment the unit loads need of a block's address: 4 where every block starts at a multiple of 4
+// (Q4_1 20 B, Q4_K 144 B, Q5_K 176 B), else 2 (Q4_0 18 B, Q8_0 34 B, Q6_K 210 B). A packed row is a whole
+// number of blocks, so a qweight whose first byte is 4-aligned serves every row.
+template <int32_t QT>
+inline constexpr int kUnitAlign = QT == kQ4_1 || QT == kQ4_K || QT == kQ5_K ? 4 : 2;
+
+// Decodes unit u (0 … kUnits<QT> - 1) of the GGUF block at `blk` into y[0..7] (layout above).
+template <int32_t QT>
+MK_HD void dequant_unit(const uint8_t* blk, int u, float (&y)[8]) {
+  if constexpr (QT == kQ4_0 || QT == kQ4_1) {
+    const float d = load_fp16(blk);
+    const float m = QT == kQ4_1 ? load_fp16(blk + 2) : -8.0f * d;
+    const uint32_t w = QT == kQ4_1 ? load_u32(blk + 4 + 4 * u) : load_u32_a2(blk + 2 + 4 * u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      y[j] = fmaf(d, small_u2f((w >> (8 * j)) & 15u), m);
+      y[j + 4] = fmaf(d, small_u2f((w >> (8 * j + 4)) & 15u), m);
+    }
+  } else if constexpr (QT == kQ8_0) {
+    const float d = load_fp16(blk);
+    const uint32_t w0 = load_u32_a2(blk + 2 + 8 * u), w1 = load_u32_a2(blk + 6 + 8 * u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // (b ^ 0x80) - 128 = the int8 value b
+      y[j] = d * (small_u2f(((w0 >> (8 * j)) & 255u) ^ 128u) - 128.0f);
+      y[j + 4] = d * (small_u2f(((w1 >> (8 * j)) & 255u) ^ 128u) - 128.0f);
+    }
+  } else if constexpr (QT == kQ4_K || QT == kQ5_K) {
+    const int p = u / 8, l0 = 4 * (u % 8);
+    const float d = load_fp16(blk), dmin = load_fp16(blk + 2);
+    int sc0, m0, sc1, m1;
+    scale_min_k4(2 * p, blk + 4, sc0, m0);
+    scale_min_k4(2 * p + 1, blk + 4, sc1, m1);
+    const float ds0 = d * static_cast<float>(sc0), ms0 = dmin * static_cast<float>(m0);
+    const float ds1 = d * static_cast<float>(sc1), ms1 = dmin * static_cast<float>(m1);
+    const uint32_t w = load_u32(blk + (QT == kQ5_K ? 48 : 16) + 32 * p + l0);
+    uint32_t h0 = 0, h1 = 0;
+    if constexpr (QT == kQ5_K) {
+      const uint32_t qh = load_u32(blk + 16 + l0);  // qh[l0 .. l0+3]
+      h0 = (qh >> (2 * p)) & 0x01010101u;           // bit 2p of each byte, at bit 0 of the byte
+      h1 = (qh >> (2 * p + 1)) & 0x01010101u;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t q0 = ((w >> (8 * j)) & 15u) | ((h0 >> (8 * j)) & 1u) << 4;
+      const uint32_t q1 = ((w >> (8 * j + 4)) & 15u) | ((h1 >> (8 * j)) & 1u) << 4;
+      y[j] = fmaf(ds0, small_u2f(q0), -ms0);
+      y[j + 4] = fmaf(ds1, small_u2f(q1), -ms1);
+    }
+  } else if constexpr (QT == kQ6_K) {
+    const int h = u / 16, nib = (u / 8) % 2, l0 = 4 * (u % 8);
+    const float d = load_fp16(blk + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192) + 8 * h + l0 / 16 + 4 * nib;
+    const float s0 = d * static_cast<float>(sc[0]), s1 = d * static_cast<float>(sc[2]);
+    const uint32_t a = load_u32_a2(blk + 64 * h + l0), b = load_u32_a2(blk + 64 * h + 32 + l0);
+    const uint32_t qh = load_u32_a2(blk + 128 + 32 * h + l0) >> (4 * nib);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t q0 = ((a >> (8 * j + 4 * nib)) & 15u) | ((qh >> (8 * j)) & 3u) << 4;
+      const uint32_t q1 = ((b >> (8 * j + 4 * nib)) & 15u) | ((qh >> (8 * j + 2)) & 3u) << 4;
+      y[j] = s0 * (small_u2f(q0) - 32.0f);
+      y[j + 4] = s1 * (small_u2f(q1) - 32.0f);
     }
   }
 }

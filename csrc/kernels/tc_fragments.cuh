@@ -1,6 +1,6 @@
 // tc_fragments.cuh — the mma.sync.m16n8k16 vocabulary of the tensor-core kernels (paged_prefill_tc.cuh,
-// grouped_gemm_tc.cuh): the 16-bit types they take, the mma and pack wrappers dispatched on T, and the
-// ldmatrix row addresses of the A / B fragments (framework-free; PTX through ../simt/portable.cuh).
+// grouped_gemm_tc.cuh, quant_gemm.cuh): the 16-bit types they take, the mma and pack wrappers dispatched on T,
+// and the ldmatrix row addresses of the A / B fragments (framework-free; PTX through ../simt/portable.cuh).
 // Fragment layouts: csrc/simt/emu_warp.cpp (worked examples), tested by tests/emu/test_prefill_tc_fragments.cpp.
 #pragma once
 

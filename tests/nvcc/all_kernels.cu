@@ -11,6 +11,8 @@
 #include "kernels/paged_decode.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
+#include "kernels/quant_gemm.cuh"
+#include "kernels/quant_gemv.cuh"
 #include "kernels/rope.cuh"
 
 // Arguments are opaque to the compiler (function parameters), so every launcher and kernel is kept.
@@ -18,6 +20,7 @@ template <typename T>
 struct Args {
   T *a, *b, *c;
   float *w, *cos_sin;
+  uint8_t* packed;
   int32_t *ids, *inv_perm, *counts, *rank;
   int64_t *offsets, *slots, *positions;
   mk::PagedKV<T> cache;
@@ -50,6 +53,12 @@ cudaError_t launch_all(const Args<T>& x) {
   gated.W3 = x.c;
   acc(mk::launch_grouped_gemm_tc(plain, x.n, nullptr));
   acc(mk::launch_grouped_gemm_tc(gated, x.n, nullptr));
+  // qlinear: GEMV (every MR) and GEMM for every format of MK_QTYPES
+#define MK_ALL_QUANT(code, name, qk, nb)                                                 \
+  acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr)); \
+  acc(mk::launch_quant_gemm<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));
+  MK_QTYPES(MK_ALL_QUANT)
+#undef MK_ALL_QUANT
   return e;
 }
 

@@ -10,6 +10,8 @@
 #include "kernels/moe_router.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
+#include "kernels/quant_gemm.cuh"
+#include "kernels/quant_gemv.cuh"
 
 template <typename T>
 const char* type_name() {
@@ -43,6 +45,15 @@ void per_type() {
     grouped_gemm_tc<T, mk::GemmTcMedium>();
     grouped_gemm_tc<T, mk::GemmTcPrefill>();
   }
+  // qlinear: every format of MK_QTYPES (the figures depend on the type and MR only).
+#define MK_DYN_SMEM_Q(code, nm, qk, nb)                                                                       \
+  std::printf("quant_gemm_kernel<%s, %d>\t%zu\n", type_name<T>(), mk::code, mk::QGemmTile<T>::smem_bytes()); \
+  for (const int mr : {1, 2, 4, 8})                                                                         \
+    std::printf("quant_gemv_kernel<%s, %d, %d>\t%zu\n", type_name<T>(), mk::code, mr,                        \
+                mr == 1 ? mk::gemv_smem_bytes<1>() : mr == 2 ? mk::gemv_smem_bytes<2>()                     \
+                        : mr == 4 ? mk::gemv_smem_bytes<4>() : mk::gemv_smem_bytes<8>());
+  MK_QTYPES(MK_DYN_SMEM_Q)
+#undef MK_DYN_SMEM_Q
   // launch_topk_softmax, general path (E > 32): kRouterWarps·E floats, E ≤ kRouterMaxExperts.
   std::printf("topk_softmax_kernel<%s, false>\t%zu\n", type_name<T>(),
               sizeof(float) * mk::kRouterWarps * mk::kRouterMaxExperts);
