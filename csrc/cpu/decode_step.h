@@ -22,6 +22,7 @@
 //   6. gate|up     h[M, I] = silu(xn · Wgateᵀ) · (xn · Wupᵀ), in chunks of 64 columns        | barrier
 //   7. down        x[M, H] = h · W2ᵀ                                                          | barrier
 //
+// Before each barrier a thread prefetches the start of its slice of the next phase's weights (warm).
 // Every element is computed with the rules of the per-op kernels (gemv.h, row_ops.h, attention_core.h)
 // and rounded to T at the same points (after each matmul, RoPE, norm, SiLU·up), so the result equals the
 // per-op path bit for bit, except attention over more than 1024 visible keys, where the per-op decode
@@ -79,6 +80,17 @@ inline constexpr int64_t kFfnChunk = 64;  // gate|up columns per chunk (a multip
 inline std::pair<int64_t, int64_t> split(int64_t n, int t, int nt, int64_t align) {
   auto at = [&](int i) { return std::min(n, (n * i / nt + align - 1) / align * align); };
   return {at(t), t + 1 == nt ? n : at(t + 1)};
+}
+
+// Prefetches (into L2) the first kWarmBytes of rows [n0, n1) of w [*, K]: issued just before a barrier, the
+// first lines of this thread's next weight slice are in flight while it waits, instead of each phase
+// starting its stream cold (the hardware prefetcher then takes over).
+inline constexpr int64_t kWarmBytes = 16 << 10;
+template <typename T>
+inline void warm(const T* w, int64_t K, int64_t n0, int64_t n1) {
+  const char* p = reinterpret_cast<const char*>(w + n0 * K);
+  const int64_t bytes = std::min<int64_t>(kWarmBytes, (n1 - n0) * K * static_cast<int64_t>(sizeof(T)));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
 }
 
 inline void barrier() {
@@ -187,11 +199,16 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
           const int64_t m = it / s.Hkv, g = it % s.Hkv;
           attend(s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
         }
+        const auto [n0, n1] = split(H, t, team, 8);
+        warm(ly.wo, QD, n0, n1);
       }
       barrier();
       {
         const auto [n0, n1] = split(H, t, team, 8);
         gemv::rows(o.data(), H, att.data(), QD, ly.wo, QD, M, n0, n1);
+        const auto [c0, c1] = split(I, t, team, kFfnChunk);
+        warm(ly.w13, H, c0, c1);
+        warm(ly.w13, H, I + c0, I + c1);
       }
       barrier();
       add_norm(o.data(), ly.ffn_norm);
@@ -204,11 +221,17 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
           for (int64_t m = 0; m < M; ++m)
             rowops::silu_mul(h.data() + m * I + c, gbuf + m * kFfnChunk, ubuf + m * kFfnChunk, n);
         }
+        const auto [n0, n1] = split(H, t, team, 8);
+        warm(ly.w2, I, n0, n1);
       }
       barrier();
       {
         const auto [n0, n1] = split(H, t, team, 8);
         gemv::rows(x, H, h.data(), I, ly.w2, I, M, n0, n1);
+        if (l + 1 < L) {
+          const auto [q0, q1] = split(Nqkv, t, team, 8);
+          warm(layers[l + 1].qkv, H, q0, q1);
+        }
       }
       barrier();
     }
