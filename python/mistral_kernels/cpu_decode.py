@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -24,8 +24,18 @@ from .batch import AttentionBatch
 from .config import ModelConfig
 from .ops.matmul import SKINNY_MAX_M
 
-if TYPE_CHECKING:
-    from .model import DecoderLayer
+class DenseLayer(Protocol):
+    """What the fused step reads of a :class:`mistral_kernels.model.DecoderLayer` (dense FFN)."""
+
+    config: ModelConfig
+    window: int | None
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w13: torch.Tensor
+    w2: torch.Tensor
+
 
 __all__ = ["FusedCpuDecode"]
 
@@ -41,7 +51,7 @@ def _plain(t: object, dtype: torch.dtype) -> bool:
 class FusedCpuDecode:
     """The per-layer weight lists of a model, ready for :func:`~mistral_kernels.ops.decode_layers`."""
 
-    def __init__(self, config: ModelConfig, layers: Sequence[DecoderLayer]) -> None:
+    def __init__(self, config: ModelConfig, layers: Sequence[DenseLayer]) -> None:
         self.config = config
         self.attn_norm = [ly.attn_norm for ly in layers]
         self.qkv = [ly.qkv for ly in layers]
@@ -53,16 +63,15 @@ class FusedCpuDecode:
         self.scale = config.head_dim ** -0.5
 
     @classmethod
-    def build(cls, config: ModelConfig, layers: Sequence[DecoderLayer], kernels: ModuleType,
+    def build(cls, config: ModelConfig, layers: Sequence[DenseLayer], kernels: ModuleType,
               device: torch.device, dtype: torch.dtype) -> FusedCpuDecode | None:
         """The fused path for these layers, or None when they need the per-op path: not the native CPU
-        kernels, MoE, layers of another class or config (tensor-parallel shards), or any weight that is not a plain
-        dense contiguous fp32 / bf16 CPU tensor of the model's dtype."""
-        from .model import DecoderLayer
-
+        kernels, MoE, layers of another config (tensor-parallel shards; the model also passes only its own
+        DecoderLayer class), or any weight that is not a plain dense contiguous fp32 / bf16 CPU tensor of the
+        model's dtype."""
         if kernels is not ops or device.type != "cpu" or dtype not in _DTYPES or config.is_moe or not layers:
             return None
-        if any(type(ly) is not DecoderLayer or ly.config is not config for ly in layers):
+        if any(ly.config is not config for ly in layers):
             return None
         if not all(_plain(t, dtype) for ly in layers
                    for t in (ly.attn_norm, ly.qkv, ly.wo, ly.ffn_norm, ly.w13, ly.w2)):

@@ -169,8 +169,9 @@ class Model:
         # fp32 cos/sin rows, built on demand up to the positions a forward step can reach (not max_position)
         self.rope = RopeTable(config.max_position, config.rot_dim, config.rope_theta, config.rope_scaling,
                               self.device)
+        plain = all(type(ly) is DecoderLayer for ly in self.layers)  # not a subclass (tensor-parallel shards)
         self.cpu_decode = FusedCpuDecode.build(config, self.layers, kernels, self.device, self.dtype) \
-            if fused_cpu_decode else None
+            if fused_cpu_decode and plain else None
 
     @property
     def cos_sin(self) -> torch.Tensor:
