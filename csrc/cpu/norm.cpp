@@ -4,12 +4,9 @@
 // the fused residual sum is rounded to the dtype once, stored, and that stored value is normalised.
 #include <torch/library.h>
 
-#include <cmath>
-
 #include "../checks/norm.h"
 #include "common.h"
-#include "vec_math.h"
-#include "vec_math_avx512.h"
+#include "row_ops.h"
 
 namespace mk::cpu {
 namespace {
@@ -19,17 +16,8 @@ void rms_norm_rows(T* out, T* residual, const T* x, const T* w, int64_t rows, in
   // work per row: 2 per element (the sum of squares, the scaling)
   at::parallel_for(0, rows, parallel_grain(2 * H), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * H;
-      T* orow = out + r * H;
-      const T* src = xr;
-      if constexpr (FUSED_ADD) {
-        T* rr = residual + r * H;
-        for (int64_t i = 0; i < H; ++i) rr[i] = from_f<T>(to_f(xr[i]) + to_f(rr[i]));
-        src = rr;  // normalise the stored (rounded) sum; the row is still in L1/L2
-      }
-      const float ss = sum_squares(src, H);
-      const float inv_rms = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
-      for (int64_t i = 0; i < H; ++i) orow[i] = from_f<T>(to_f(src[i]) * inv_rms * to_f(w[i]));
+      T* rr = FUSED_ADD ? residual + r * H : nullptr;
+      rowops::add_rms_norm(out + r * H, rr, x + r * H, rr, w, H, eps);
     }
   });
 }
@@ -68,17 +56,7 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
     at::parallel_for(0, rows, parallel_grain(2 * I), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* a = xp + r * 2 * I;
-        const scalar_t* b = a + I;
-        scalar_t* o = op_ + r * I;
-        int64_t i = 0;
-#if MK_CPU_AVX512
-        for (; i + 16 <= I; i += 16)
-          avx512::store16(o + i, _mm512_mul_ps(avx512::silu16(avx512::load16(a + i)), avx512::load16(b + i)));
-#endif
-        for (; i < I; ++i) {
-          const float g = to_f(a[i]);
-          o[i] = from_f<scalar_t>(silu_f(g) * to_f(b[i]));
-        }
+        rowops::silu_mul(op_ + r * I, a, a + I, I);
       }
     });
   });

@@ -5,22 +5,10 @@
 
 #include "../checks/rope.h"
 #include "common.h"
+#include "row_ops.h"
 
 namespace mk::cpu {
 namespace {
-
-template <typename T, bool NEOX>
-void rotate_heads(T* base, int64_t heads, int64_t D, int64_t half, const float* cos, const float* sin) {
-  for (int64_t h = 0; h < heads; ++h) {
-    T* p = base + h * D;
-    for (int64_t i = 0; i < half; ++i) {
-      const int64_t i1 = NEOX ? i : 2 * i, i2 = NEOX ? i + half : 2 * i + 1;
-      const float x1 = to_f(p[i1]), x2 = to_f(p[i2]);
-      p[i1] = from_f<T>(x1 * cos[i] - x2 * sin[i]);
-      p[i2] = from_f<T>(x2 * cos[i] + x1 * sin[i]);
-    }
-  }
-}
 
 template <typename T, bool NEOX>
 void rope_tokens(const int64_t* pos, T* q, T* k, const float* cos_sin, int64_t T_, int64_t qs, int64_t ks,
@@ -30,8 +18,8 @@ void rope_tokens(const int64_t* pos, T* q, T* k, const float* cos_sin, int64_t T
   at::parallel_for(0, T_, parallel_grain(4 * (Hq + Hkv) * half), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const float* cos = cos_sin + pos[t] * R;
-      rotate_heads<T, NEOX>(q + t * qs, Hq, D, half, cos, cos + half);
-      rotate_heads<T, NEOX>(k + t * ks, Hkv, D, half, cos, cos + half);
+      rowops::rotate_heads<T, NEOX>(q + t * qs, Hq, D, half, cos, cos + half);
+      rowops::rotate_heads<T, NEOX>(k + t * ks, Hkv, D, half, cos, cos + half);
     }
   });
 }

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
+from .cpu_decode import FusedCpuDecode
 from .rope_scaling import RopeTable
 
 __all__ = ["DecoderLayer", "KVCache", "Model"]
@@ -142,10 +143,16 @@ class Model:
     layers : prebuilt decoder layers, one per ``config.n_layers`` (e.g. one tensor-parallel rank's,
         :class:`mistral_kernels.parallel.ShardedModel`); None builds :class:`DecoderLayer` from ``weights``.
         The KV cache is shaped by the config the layers compute with (:attr:`layer_config`).
+    fused_cpu_decode : decode steps on the CPU run all dense layers in one native call
+        (:mod:`mistral_kernels.cpu_decode`) when the model qualifies; False always runs the per-op layers.
+
+    Attributes
+    ----------
+    cpu_decode : the fused CPU decode path, or None (per-op layers for every step)
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops, *,
-                 layers: Sequence[DecoderLayer] | None = None) -> None:
+                 layers: Sequence[DecoderLayer] | None = None, fused_cpu_decode: bool = True) -> None:
         self.config = config
         self.kernels = kernels
         self.embed = weights["embed"]                                          # [V, H]
@@ -162,6 +169,9 @@ class Model:
         # fp32 cos/sin rows, built on demand up to the positions a forward step can reach (not max_position)
         self.rope = RopeTable(config.max_position, config.rot_dim, config.rope_theta, config.rope_scaling,
                               self.device)
+        plain = all(type(ly) is DecoderLayer for ly in self.layers)  # not a subclass (tensor-parallel shards)
+        self.cpu_decode = FusedCpuDecode.build(config, self.layers, kernels, self.device, self.dtype) \
+            if fused_cpu_decode and plain else None
 
     @property
     def cos_sin(self) -> torch.Tensor:
@@ -194,15 +204,26 @@ class Model:
         residual = torch.zeros_like(x)                                         # first fused add copies x
         # positions < (block table width · block size): a host-side bound, no device sync
         cos_sin = self.rope.covering(batch.block_tables.shape[1] * cache.block_size)
+        if self.cpu_decode is not None and self.cpu_decode.accepts(x, batch):
+            self.cpu_decode(x, residual, batch, cos_sin, cache.k, cache.v)   # all layers, one native call
+        else:
+            x = self._layers(x, residual, batch, cos_sin, cache)
+        self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
+        if batch.logits_indices is not None:
+            x = x[batch.logits_indices]                                        # [N, H]
+        return ops.linear(x, self.lm_head).float()                               # [N, V]
+
+    def _layers(self, x: torch.Tensor, residual: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
+                cache: KVCache) -> torch.Tensor:
+        """The decoder layers op by op on x [T, H] (the embeddings) and residual [T, H] (updated in place);
+        returns the last layer's FFN output [T, H]."""
+        eps = self.config.norm_eps
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             self.kernels.fused_add_rms_norm(x, residual, layer.attn_norm, eps)  # residual += x; x = norm(residual)
             x = layer.attention(x, batch, cos_sin, k_cache, v_cache)
             self.kernels.fused_add_rms_norm(x, residual, layer.ffn_norm, eps)
             x = layer.ffn(x)
-        self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
-        if batch.logits_indices is not None:
-            x = x[batch.logits_indices]                                        # [N, H]
-        return ops.linear(x, self.lm_head).float()                               # [N, V]
+        return x
 
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """fp32 logits [T, V] of one sequence: a single prefill into a fresh cache."""

@@ -17,7 +17,7 @@ those classes to ``torch.ops.mistral_kernels``;
 ``attention.py``, before the C++ op.
 
 ``matmul.py`` holds :func:`linear` (the model's projections; the CPU-only ``skinny_linear`` kernel for
-decode-sized inputs), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
+decode-sized inputs), ``decode.py`` :func:`decode_layers` (CPU only: a decode step's dense layers in one call), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
 tensors: every direct call with CUDA index tensors checks their range at the cost of a device sync,
 unless :func:`device_index_checks` switches that off.
 """
@@ -32,6 +32,7 @@ import torch
 from .. import _library  # noqa: F401  (loads the compiled module: the schemas below come from it)
 from ._base import OpFamily, device_index_checks
 from .attention import AttentionOps
+from .decode import decode_layers
 from .matmul import linear
 from .moe import MoEOps
 from .norm import NormOps
@@ -94,4 +95,4 @@ _WRAPPERS = bind("mistral_kernels")
 globals().update(_WRAPPERS)
 KERNEL_OPS: tuple[str, ...] = tuple(_WRAPPERS)  # the kernel wrappers exported here (and by emulated)
 
-__all__ = [*KERNEL_OPS, "device_index_checks", "linear", "rope_cos_sin_cache"]
+__all__ = [*KERNEL_OPS, "decode_layers", "device_index_checks", "linear", "rope_cos_sin_cache"]
