@@ -5,6 +5,9 @@ Shape letters: M rows (tokens), K in features, N out features.
 Decode-sized inputs on the CPU (M ≤ 16, fp32 / bf16) go to our ``skinny_linear`` kernel
 (csrc/cpu/linear.cpp), which streams the weight once at memory bandwidth; everything else (prefill,
 CUDA tensors) goes to torch's GEMM (oneDNN / cuBLAS), which is compute-bound and already good there.
+
+A packed weight (:class:`mistral_kernels.quant_weight.QuantizedWeight` / ``FusedWeight``: GGUF blocks or
+int8 rows) goes to ``qlinear`` (:mod:`.quant`), on every device and for every M.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     Parameters
     ----------
     x : [..., K]
-    weight : [N, K], same dtype and device as x
+    weight : [N, K], same dtype and device as x; or a packed weight [N, K] on x's device (→ ``qlinear``)
     out : optional [..., N] contiguous output
 
     Returns
@@ -33,6 +36,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     # here, the rest in C++ (csrc/cpu/linear.cpp) or in _check_gemm_args for the torch GEMM path.
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
             and (out is None or isinstance(out, torch.Tensor))):
+        from ..quant_weight import FusedWeight, QuantizedWeight  # here: the package imports ops first
+
+        if isinstance(weight, (QuantizedWeight, FusedWeight)) and isinstance(x, torch.Tensor):
+            return weight.linear(x, out)
         _raise_types(x, weight, out)
     if (
         x.is_cpu
@@ -61,7 +68,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
 def _raise_types(x: object, weight: object, out: object) -> None:
     for name, v in (("x", x), ("weight", weight), ("out", out)):
         if not isinstance(v, torch.Tensor) and not (name == "out" and v is None):
-            raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(v).__name__}")
+            also = " or a packed weight (QuantizedWeight)" if name == "weight" else ""
+            raise TypeError(f"linear: {name} must be a torch.Tensor{also}, got {type(v).__name__}")
 
 
 def _check_gemm_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> None:
