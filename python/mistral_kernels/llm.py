@@ -25,6 +25,7 @@ from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
 from .sampling import SamplingParams
 from .tokenization import Message, Tokenizer, load_tokenizer
+from .weight_footprint import weight_footprint
 from .weights import default_dtype
 
 __all__ = ["LLM"]
@@ -76,7 +77,8 @@ class LLM:
             if num_blocks is not None:  # an impossible pool fails before the weights load
                 check_kv_pool(config, dtype, device, num_blocks, block_size)
             blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
-            warning = memory_warning(config, dtype, device, blocks * block_size)
+            footprint = weight_footprint(self.path, dtype, quantized=quantized, quantize=quantize)
+            warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=footprint.bytes)
             if warning is not None:
                 warnings.warn(warning, MemoryWarning, stacklevel=2)
         self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel,

@@ -55,7 +55,7 @@ from .tensor_io import selected_shape
 
 # CheckpointError and detect_format are defined in errors.py / formats.py and re-exported here.
 __all__ = ["CheckpointError", "QuantizedFallbackWarning", "checkpoint_dtype", "default_dtype", "detect_format",
-           "expected_shapes", "load_checkpoint"]
+           "expected_shapes", "load_checkpoint", "stored_tensors"]
 
 
 # ---------------------------------------------------------------------------------------------- naming
@@ -239,6 +239,18 @@ def _check(path: Path, fmt: str, entries: dict[str, _Entry], unexpected: list[st
                 shown = items[:25] + ([f"… and {len(items) - 25} more"] if len(items) > 25 else [])
                 lines.append(f"  {title}: " + ", ".join(shown))
         raise CheckpointError("\n".join(lines))
+
+
+def stored_tensors(path: str | Path) -> tuple[ModelConfig, str, dict[str, tuple[TensorInfo, ...]]]:
+    """(config, format, canonical name → the file tensors it is read from), checked as :func:`load_checkpoint`
+    checks them; reads headers only (``mistral-kernels info``'s formats and bytes)."""
+    p = Path(path)
+    fmt = detect_format(p)
+    config = load_config(p)
+    with open_tensors(p, fmt) as source:
+        entries, unexpected = _rename(source, _RULES[fmt])
+        _check(p, fmt, entries, unexpected, config)
+    return config, fmt, {name: entries[name].stored for name in expected_shapes(config)}
 
 
 # ---------------------------------------------------------------------------------------------- dtype
