@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 
 from .config import ModelConfig, load_config
 from .formats import CheckpointError, Index, TensorInfo, TensorSource, detect_format, open_tensors, read_json
-from .packed_load import QUANTIZE_CHOICES, quantize_fused, read_gguf_packed
+from .packed_load import QUANTIZE_CHOICES, is_native, quantize_fused, read_gguf_packed
 from .quant_weight import PackedWeight
 from .tensor_io import selected_shape
 
@@ -361,7 +361,7 @@ def load_checkpoint(
                         weights[fused] = weight
                         continue
                     for t in stored:
-                        if t.ggml_type is not None:
+                        if t.ggml_type is not None and not is_native(t):
                             fallback[t.type_name] = fallback.get(t.type_name, 0) + 1
                 weights[fused] = _read_fused(fused_parts, device, dtype, bar.update, source if map_files else None)
             if packed and config.tie_embeddings:
@@ -371,8 +371,9 @@ def load_checkpoint(
                     weights["lm_head"] = head
     if fallback:
         kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(fallback.items()))
-        warnings.warn(f"{path.name}: {kinds} have no native kernel and were dequantized to "
-                      f"{str(dtype).removeprefix('torch.')} at load", QuantizedFallbackWarning, stacklevel=2)
+        warnings.warn(f"{path.name}: {kinds} have no native kernel: dequantized to "
+                      f"{str(dtype).removeprefix('torch.')} at load, with the matrices fused with them",
+                      QuantizedFallbackWarning, stacklevel=2)
     return config, weights
 
 
