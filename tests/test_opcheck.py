@@ -80,7 +80,17 @@ def _linear_cases() -> list[tuple[str, Callable[[], tuple]]]:
     return [("skinny_linear", lambda: (torch.empty(3, 10), x, w))]
 
 
-CASES = _norm_cases() + _moe_cases() + _attention_cases() + _expert_ffn_cases() + _linear_cases()
+def _quant_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    from .quant_data import random_qweight
+
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    qweight, _ = random_qweight("Q4_0", 10, 64, seed=4)
+    return [("qlinear", lambda: (torch.empty(3, 10), x, qweight, None, 2))]
+
+
+CASES = (
+    _norm_cases() + _moe_cases() + _attention_cases() + _expert_ffn_cases() + _linear_cases() + _quant_cases()
+)
 
 # Each case in each namespace that registers the op (CPU-only helpers such as skinny_linear exist only in
 # mistral_kernels).
