@@ -43,6 +43,6 @@ def packed_moe(kernels: ModuleType, x: torch.Tensor, gate: torch.Tensor, w1: Qua
         if a == b:
             continue
         rows = permuted[a:b]                                                      # [m, H]
-        gate_up = torch.cat([w1[e].linear(rows), w3[e].linear(rows)], dim=-1)      # [m, 2I]
-        w2[e].linear(kernels.silu_and_mul(gate_up), out=expert_out[a:b])           # [m, H]
+        gate_up = torch.cat([ops.linear(rows, w1[e]), ops.linear(rows, w3[e])], dim=-1)  # [m, 2I]
+        ops.linear(kernels.silu_and_mul(gate_up), w2[e], out=expert_out[a:b])           # [m, H]
     return kernels.moe_unpermute(expert_out, topk_weights, inv_perm)

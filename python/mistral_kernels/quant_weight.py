@@ -5,7 +5,8 @@
 K / QK · bytes per block; memory-mapped where possible) or INT8_ROWWISE (int8 [.., N, K] and fp32 scales
 [.., N], made at load by :func:`quantize_int8`). :class:`FusedWeight` joins row groups of different formats
 (a Q4_K_M file stores wq, wk in Q4_K and wv in Q6_K: the fused qkv is two groups, one qlinear each, outputs
-concatenated). :func:`mistral_kernels.ops.linear` dispatches on both to ``ops.qlinear``.
+concatenated). :func:`mistral_kernels.ops.linear` dispatches on both to ``ops.qlinear`` (this module holds
+data only, so that ops can import it).
 
 Shape letters: M rows (tokens), N out features, K in features, R packed row bytes, E experts.
 """
@@ -89,12 +90,6 @@ class QuantizedWeight:
             return torch.stack([self[e].dequantize(dtype) for e in range(self.shape[0])])
         return dequantize(self.qweight, self.qtype, self.scales).to(device=self.device, dtype=dtype)
 
-    def linear(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [..., K] @ Wᵀ`` → [..., N] in x's dtype (``ops.qlinear``; fp32 accumulation)."""
-        from . import ops
-
-        return ops.qlinear(x, self.qweight, self.qtype, self.scales, out=out)
-
 
 @dataclass(frozen=True)
 class FusedWeight:
@@ -124,12 +119,6 @@ class FusedWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.cat([p.dequantize(dtype) for p in self.parts])
-
-    def linear(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        y = torch.cat([p.linear(x) for p in self.parts], dim=-1)
-        if out is None:
-            return y
-        return out.copy_(y)
 
 
 PackedWeight = QuantizedWeight | FusedWeight
