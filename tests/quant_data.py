@@ -22,9 +22,12 @@ GGUF_QUANTIZABLE = ("Q4_0", "Q4_1", "Q8_0")
 FORMATS = tuple(QFORMATS)  # every format with native kernels
 
 
-def random_qweight(name: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def random_qweight(
+    name: str, n: int, k: int, seed: int, random_bytes: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(qweight, scales) of a random W [N, K] in format ``name``: uint8 [N, R] and None, or for
-    INT8_ROWWISE int8 [N, K] and fp32 [N]."""
+    INT8_ROWWISE int8 [N, K] and fp32 [N]. ``random_bytes``: random blocks for every GGUF format (fast at
+    model sizes; benchmarks/bench_quant.py)."""
     import gguf
     import gguf.quants
 
@@ -34,7 +37,7 @@ def random_qweight(name: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, 
         q = rng.integers(-127, 128, size=(n, k), dtype=np.int8)
         scales = (rng.random(n, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
         return torch.from_numpy(q), torch.from_numpy(scales)
-    if name in GGUF_QUANTIZABLE:
+    if name in GGUF_QUANTIZABLE and not random_bytes:
         w = rng.standard_normal((n, k)).astype(np.float32)
         packed = gguf.quants.quantize(w, gguf.GGMLQuantizationType(f.qtype))
         return torch.from_numpy(np.ascontiguousarray(packed, dtype=np.uint8)), None

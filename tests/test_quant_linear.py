@@ -6,7 +6,11 @@ Shape letters: M rows of x, K in features, N out features, QK elements per block
 Tolerances (bounds, not fudge factors; ``absprod`` = |x| · |W|ᵀ, γ = K · 2⁻²⁴):
   * fp32 x: the activations are not quantized, so both sides compute the same fp32 dot products in a different
     order: |out - ref| ≤ 2γ · absprod.
-  * bf16 x, M ≤ 16 (GEMV): as fp32, then each side rounds once to bf16 (≤ 2⁻⁸ relative each).
+  * bf16 x, M ≤ 16 (GEMV): where the CPU has AVX512-VNNI, the activations are quantized to int8 per 32
+    (csrc/cpu/quant_kernels.h: |x - dx·q| ≤ dx / 2 with dx = max|x| / 127 over the 32), so
+    |out - ref| ≤ Σ_k (max|x| of k's chunk / 254) · |W[n, k]| + 2γ · absprod — the bound applies to every
+    format (those computed exactly, Q6_K and INT8_ROWWISE, are well inside it); then each side rounds once to
+    bf16 (≤ 2⁻⁸ relative each).
   * bf16 x, M > 16 (prefill): the dequantized tile is bf16, so every weight is rounded (≤ 2⁻⁹ relative) before
     the GEMM: |out - ref| ≤ (2⁻⁹ + 2γ) · absprod, then the two bf16 roundings.
   * fp16 x: converted to fp32 (exact), fp32 path, one fp16 rounding each side (≤ 2⁻¹¹ relative).
@@ -43,6 +47,9 @@ def _check(name: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     gamma = k * 2.0**-24
     w_rel = 2.0**-9 if x.dtype == torch.bfloat16 and m > GEMV_MAX_M else 0.0
     bound = (w_rel + 2 * gamma) * absprod + 1e-30
+    if x.dtype == torch.bfloat16 and m <= GEMV_MAX_M and k % 32 == 0:  # int8 activations, per chunk of 32
+        chunk_max = x.float().abs().reshape(x.shape[0], k // 32, 32).amax(-1)
+        bound = bound + (chunk_max.repeat_interleave(32, dim=1) / 254 * (1 + 1e-5)) @ w.abs().T
     out_rel = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[x.dtype]
     bound = bound + out_rel * (2 * expect.float().abs() + bound)
     err = (out.float() - expect.float()).abs()

@@ -35,25 +35,79 @@ void dequant_tile(int64_t qtype, const at::Tensor& qweight, const std::optional<
   with_block_qtype(static_cast<int32_t>(qtype), [&]<int32_t QT>() { quant::dequant_rows<QT, OUT>(w, K, n0, n1, dst); });
 }
 
+// The decode path used for bf16 x with format QT (quant_kernels.h): activations quantized to int8 per 32
+// (VNNI), the codes' exact bf16 dot products (AVX512-BF16), or fp32 decoding (x converted to fp32).
+enum class Bf16Path { kInt8, kBf16, kFp32 };
+template <int32_t QT>
+constexpr Bf16Path bf16_path() {
+#if defined(MK_QUANT_VNNI)
+  if constexpr (quant::kInt8Dot<QT>) return Bf16Path::kInt8;
+#endif
+#if defined(MK_QUANT_BF16_DOT)
+  if constexpr (quant::kBf16Dot<QT>) return Bf16Path::kBf16;
+#endif
+  return Bf16Path::kFp32;
+}
+
+// y [M, N] fp32 for a block format QT; false when this (QT, x dtype) has no special path (then fp32 decoding).
+template <int32_t QT>
+bool gemv_bf16_fast(const at::Tensor& x, const at::Tensor& qweight, float* yp, int64_t grain) {
+  constexpr Bf16Path path = bf16_path<QT>();
+  if (path == Bf16Path::kFp32 || x.scalar_type() != at::kBFloat16) return false;
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0), nchunks = K / 32;
+  const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
+  const uint8_t* w = qweight.const_data_ptr<uint8_t>();
+  // per chunk of 32 activations: (int8 path) the scale dx and dx · Σ q; (bf16 path) Σ x
+  const at::Tensor sums = at::empty({2, M, nchunks}, x.options().dtype(at::kFloat));
+  float* s0 = sums.data_ptr<float>();
+  float* s1 = s0 + M * nchunks;
+#if defined(MK_QUANT_VNNI)
+  if constexpr (path == Bf16Path::kInt8) {
+    const at::Tensor xq = at::empty({M, K}, x.options().dtype(at::kChar));
+    int8_t* xqp = xq.data_ptr<int8_t>();
+    quant::quantize_x_q8<true>(xb, M, K, xqp, s0, s1);
+    at::parallel_for(0, N, grain,
+                     [&](int64_t n0, int64_t n1) { quant::gemv_rows_q8<QT>(w, K, xqp, s0, s1, M, yp, N, n0, n1); });
+    return true;
+  }
+#endif
+#if defined(MK_QUANT_BF16_DOT)
+  if constexpr (path == Bf16Path::kBf16) {
+    quant::chunk_sums_bf16(xb, M, K, s0);
+    at::parallel_for(0, N, grain,
+                     [&](int64_t n0, int64_t n1) { quant::gemv_rows_bf16<QT>(w, K, xb, s0, M, yp, N, n0, n1); });
+    return true;
+  }
+#endif
+  (void)s1, (void)xb, (void)w;
+  return false;
+}
+
 void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
                   const std::optional<at::Tensor>& scales, int64_t qtype, const QFormat& f) {
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   at::Tensor yf = out.scalar_type() == at::kFloat ? out : at::empty({M, N}, x.options().dtype(at::kFloat));
-  const float* xp = xf.const_data_ptr<float>();
   float* yp = yf.data_ptr<float>();
   // work per output column: its packed bytes plus M·K multiply-adds; at least 4 columns per task.
   const int64_t row_bytes = qtype == kInt8Rowwise ? K : K / f.block * f.bytes;
   const int64_t grain = parallel_grain(row_bytes + M * K, 4);
-  if (qtype == kInt8Rowwise) {
-    const int8_t* w = qweight.const_data_ptr<int8_t>();
-    const float* s = scales->const_data_ptr<float>();
-    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { quant::gemv_rows_i8(w, s, K, xp, M, yp, N, n0, n1); });
-  } else {
-    const uint8_t* w = qweight.const_data_ptr<uint8_t>();
-    with_block_qtype(static_cast<int32_t>(qtype), [&]<int32_t QT>() {
-      at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { quant::gemv_rows<QT>(w, K, xp, M, yp, N, n0, n1); });
-    });
+  bool done = false;
+  with_block_qtype(static_cast<int32_t>(qtype), [&]<int32_t QT>() { done = gemv_bf16_fast<QT>(x, qweight, yp, grain); });
+  if (!done) {
+    const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+    const float* xp = xf.const_data_ptr<float>();
+    if (qtype == kInt8Rowwise) {
+      const int8_t* w = qweight.const_data_ptr<int8_t>();
+      const float* s = scales->const_data_ptr<float>();
+      at::parallel_for(0, N, grain,
+                       [&](int64_t n0, int64_t n1) { quant::gemv_rows_i8(w, s, K, xp, M, yp, N, n0, n1); });
+    } else {
+      const uint8_t* w = qweight.const_data_ptr<uint8_t>();
+      with_block_qtype(static_cast<int32_t>(qtype), [&]<int32_t QT>() {
+        at::parallel_for(0, N, grain,
+                         [&](int64_t n0, int64_t n1) { quant::gemv_rows<QT>(w, K, xp, M, yp, N, n0, n1); });
+      });
+    }
   }
   if (!yf.is_same(out)) out.copy_(yf);
 }
