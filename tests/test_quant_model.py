@@ -21,6 +21,7 @@ import torch
 from mistral_kernels import load_model
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
+from mistral_kernels.packed_moe import has_packed_experts
 from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, quantize_int8
 from mistral_kernels.weights import CheckpointError, QuantizedFallbackWarning, load_checkpoint
 
@@ -93,6 +94,7 @@ def test_mixtral_packed_experts_match_dequantized(tmp_path: Path, kind: str) -> 
     layer = native.layers[0]
     assert isinstance(layer.w1, QuantizedWeight) and layer.w1.shape == (4, 256, 256)
     assert not isinstance(layer.gate, QuantizedWeight)  # the router stays dense
+    assert has_packed_experts(native)  # → decode without CUDA graphs (the expert loop syncs with the host)
 
 
 def test_other_formats_dequantize_with_one_notice(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ The experts' weights are :class:`~mistral_kernels.quant_weight.QuantizedWeight` 
 (GGUF ``ffn_*_exps`` blocks, or INT8_ROWWISE from ``quantize="int8"``). There is no grouped quantized kernel:
 the segments of the experts that received tokens run one by one through ``ops.qlinear`` (three per
 expert). The segment bounds come to the host once per layer and step: free on the CPU; on CUDA this is one
-device sync per MoE layer (no CUDA-graph capture of such a step; the dense ``fused_moe`` has none).
+device sync per MoE layer, so such a model decodes without CUDA graphs (:func:`has_packed_experts`; the
+dense ``fused_moe`` has no sync).
 
 Same math and rounding points as :meth:`mistral_kernels.ops.moe.MoEOps.fused_moe`: router logits, the
 gate / up projections, the activation and the expert outputs in x's dtype; softmax and the weighted sum in fp32.
@@ -22,7 +23,12 @@ import torch
 from . import ops
 from .quant_weight import QuantizedWeight
 
-__all__ = ["packed_moe"]
+__all__ = ["has_packed_experts", "packed_moe"]
+
+
+def has_packed_experts(model: object) -> bool:
+    """Whether some layer of ``model`` runs :func:`packed_moe` (then decode steps cannot be CUDA graphs)."""
+    return any(isinstance(getattr(layer, "w1", None), QuantizedWeight) for layer in getattr(model, "layers", ()))
 
 
 def packed_moe(kernels: ModuleType, x: torch.Tensor, gate: torch.Tensor, w1: QuantizedWeight, w2: QuantizedWeight,
