@@ -67,7 +67,8 @@ from mistral_kernels import LLM
 from mistral_kernels.stats import weight_bytes
 dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
 configs = json.loads(sys.argv[2])
-llms = {name: LLM(None, dtype=dtype[c["dtype"]], quantized=c["quantized"], max_batch=1) for name, c in configs.items()}
+llms = {name: LLM(None, dtype=dtype[c["dtype"]], quantized=c["quantized"], max_batch=1, prefix_caching=False)
+        for name, c in configs.items()}
 prompt = "Write a long story about a robot who learns to paint. " * 6
 out = {name: {"decode": [], "prompt": [], "weight_bytes": weight_bytes(llm.model)} for name, llm in llms.items()}
 for llm in llms.values():  # warm-up
