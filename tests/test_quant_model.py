@@ -23,6 +23,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
 from mistral_kernels.packed_moe import has_packed_experts
 from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, quantize_int8
+from mistral_kernels.weight_footprint import weight_footprint
 from mistral_kernels.weights import CheckpointError, QuantizedFallbackWarning, load_checkpoint
 
 from .model_helpers import greedy_ours
@@ -208,3 +209,14 @@ def test_rows_not_whole_blocks_is_a_checkpoint_error(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="not whole Q4_K blocks of 256"):
         load_model(path)
+
+
+# ------------------------------------------------------------------------------------------ footprint (info)
+@pytest.mark.parametrize("kw", [{}, {"quantized": False}, {"quantize": "int8"}], ids=["native", "dequantized", "int8"])
+def test_footprint_is_what_loads(tmp_path: Path, kw: dict[str, object]) -> None:
+    """``info``'s weights-as-loaded bytes (headers only) equal the bytes of the weights the loader returns."""
+    path = tmp_path / "q4km.gguf"
+    write_quant_gguf(path, ModelConfig(**{**vars(LLAMA), "tie_embeddings": True}), Q4_K_M)
+    _, weights = load_checkpoint(path, dtype=torch.float32, **kw)
+    loaded = sum(w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes for w in weights.values())
+    assert weight_footprint(path, torch.float32, **kw).bytes == loaded

@@ -26,7 +26,7 @@ from .parallel import ParallelContext
 from .sampling import SamplingParams
 from .tokenization import Message, Tokenizer, load_tokenizer
 from .weight_footprint import weight_footprint
-from .weights import default_dtype
+from .weights import default_dtype, detect_format
 
 __all__ = ["LLM"]
 
@@ -77,8 +77,10 @@ class LLM:
             if num_blocks is not None:  # an impossible pool fails before the weights load
                 check_kv_pool(config, dtype, device, num_blocks, block_size)
             blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
-            footprint = weight_footprint(self.path, dtype, quantized=quantized, quantize=quantize)
-            warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=footprint.bytes)
+            packed = quantize is not None or (quantized and detect_format(self.path) == "gguf")
+            weights = weight_footprint(self.path, dtype, quantized=quantized, quantize=quantize).bytes \
+                if packed else None  # dense: parameters × dtype size, no second header read
+            warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=weights)
             if warning is not None:
                 warnings.warn(warning, MemoryWarning, stacklevel=2)
         self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel,

@@ -330,7 +330,7 @@ def load_checkpoint(
     config = load_config(path)
     if dtype is None:
         dtype = default_dtype(path, device)
-    packed = quantized and shard is None and fmt == "gguf"
+    packed = quantized and quantize is None and shard is None and fmt == "gguf"
     with open_tensors(path, fmt) as source:
         entries, unexpected = _rename(source, _RULES[fmt])
         _check(path, fmt, entries, unexpected, config)
