@@ -35,6 +35,8 @@ from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
 from .cpu_decode import FusedCpuDecode
+from .packed_moe import packed_moe
+from .quant_weight import PackedWeight, QuantizedWeight
 from .rope_scaling import RopeTable
 
 __all__ = ["DecoderLayer", "KVCache", "Model"]
@@ -74,7 +76,7 @@ class KVCache:
 class DecoderLayer:
     """RMSNorm → attention → fused add + RMSNorm → SwiGLU / MoE FFN, weights from the fused checkpoint."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int,
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight], index: int,
                  kernels: ModuleType) -> None:
         p = f"layers.{index}."
         self.config = config
@@ -125,6 +127,8 @@ class DecoderLayer:
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] (normed) → [T, H]: SwiGLU, or Mixtral's sparse MoE block."""
         if self.config.is_moe:
+            if isinstance(self.w1, QuantizedWeight):  # packed experts: one qlinear per expert segment
+                return packed_moe(self.kernels, x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
             return self.kernels.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
         gate_up = ops.linear(x, self.w13)                                       # [T, 2I]
         return ops.linear(self.kernels.silu_and_mul(gate_up), self.w2)          # [T, I] → [T, H]
@@ -136,7 +140,10 @@ class Model:
     Parameters
     ----------
     config : the architecture
-    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`)
+    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`);
+        the matrices may be packed (:mod:`mistral_kernels.quant_weight`: GGUF blocks or int8 rows, on the same
+        device), which ``ops.linear`` and the MoE block dispatch on; a tied model with a packed embedding
+        passes its packed head as ``lm_head`` (the embedding itself is dense)
     kernels : the op namespace the decoder calls — :mod:`mistral_kernels.ops` (default), or
         :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests). Matmuls
         always use :func:`mistral_kernels.ops.linear`.
@@ -151,13 +158,15 @@ class Model:
     cpu_decode : the fused CPU decode path, or None (per-op layers for every step)
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops, *,
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight],
+                 kernels: ModuleType = ops, *,
                  layers: Sequence[DecoderLayer] | None = None, fused_cpu_decode: bool = True) -> None:
         self.config = config
         self.kernels = kernels
         self.embed = weights["embed"]                                          # [V, H]
         self.norm = weights["norm"]                                            # [H]
-        self.lm_head = self.embed if config.tie_embeddings else weights["lm_head"]  # [V, H]
+        tied = config.tie_embeddings and "lm_head" not in weights
+        self.lm_head = self.embed if tied else weights["lm_head"]                # [V, H]
         if layers is None:
             layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
         if len(layers) != config.n_layers:
