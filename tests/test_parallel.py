@@ -173,8 +173,9 @@ def test_shard_rules_worked_examples() -> None:
 @pytest.mark.parametrize("ckpt", ["mistral_hkv1/hf", "mixtral/hf", "mixtral/consolidated", "gguf/model.gguf"])
 @pytest.mark.parametrize("moe", ["expert", "tensor"])
 def test_sharded_load_reads_the_right_rows(root: Path, ckpt: str, moe: str) -> None:
-    """Rank 1's fused shards equal the corresponding slices of the full fused weights."""
-    config, full = load_checkpoint(root / ckpt, progress=False)
+    """Rank 1's fused shards equal the corresponding slices of the full fused weights (a sharded GGUF loads
+    dequantized, so the full model it is compared with is loaded dequantized too)."""
+    config, full = load_checkpoint(root / ckpt, progress=False, quantized=False)
     ctx = ParallelContext(rank=1, world_size=2, moe=moe)
     _, part = load_checkpoint(root / ckpt, progress=False, shard=ctx.shard)
     d, hq, hkv, i = config.head_dim, config.n_heads, config.n_kv_heads, config.hidden_dim
