@@ -1,0 +1,111 @@
+// cpu/isa_select.cpp — which ISA level of the CPU kernels runs (isa_dispatch.h): CPUID through
+// __builtin_cpu_supports, MK_CPU_ISA to force one. Also the C entry point mk_cpu_isa that Python reads
+// (mistral_kernels.cpu_isa(), `mistral-kernels info`).
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "isa_dispatch.h"
+
+namespace mk::cpu {
+namespace {
+
+constexpr Isa kAll[] = {Isa::avx512bf16, Isa::avx512, Isa::avx2, Isa::generic};
+
+bool supported(Isa isa) {
+#if MK_CPU_X86_ISAS
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  switch (isa) {
+    case Isa::avx512bf16: return avx512 && __builtin_cpu_supports("avx512bf16");
+    case Isa::avx512: return avx512;
+    case Isa::avx2: return avx2;
+    case Isa::generic: return true;
+  }
+  return false;
+#else
+  return isa == Isa::generic;  // the only level compiled off x86-64
+#endif
+}
+
+std::string level_list() {
+  std::string s;
+  for (Isa isa : kAll) s += std::string(s.empty() ? "" : ", ") + isa_name(isa) + (supported(isa) ? "" : " (not on this CPU)");
+  return s;
+}
+
+// The chosen level, or the error message (kept: every call of active_isa() reports it again).
+struct Choice {
+  Isa isa = Isa::generic;
+  std::string error;
+};
+
+Choice choose() {
+  Choice c;
+  const char* env = std::getenv("MK_CPU_ISA");
+  if (env != nullptr && *env != '\0') {
+    for (Isa isa : kAll) {
+      if (std::strcmp(env, isa_name(isa)) != 0) continue;
+      if (!supported(isa))
+        c.error = std::string("MK_CPU_ISA=") + env + ": this CPU does not support that level; levels: " + level_list();
+      c.isa = isa;
+      return c;
+    }
+    c.error = std::string("MK_CPU_ISA=") + env + " is not a CPU ISA level; expected one of: " + level_list();
+    return c;
+  }
+  for (Isa isa : kAll)
+    if (supported(isa)) {
+      c.isa = isa;
+      break;
+    }
+  return c;
+}
+
+const Choice& choice() {
+  static const Choice c = choose();
+  return c;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+#define MK_ISA_NAME_CASE_(name) \
+  case Isa::name: return #name;
+    MK_CPU_ISAS(MK_ISA_NAME_CASE_)
+#undef MK_ISA_NAME_CASE_
+  }
+  return "?";
+}
+
+Isa active_isa() {
+  const Choice& c = choice();
+  TORCH_CHECK(c.error.empty(), c.error);
+  return c.isa;
+}
+
+}  // namespace mk::cpu
+
+// The level in use as its name (return 0), or the error message (return 1), written to buf (NUL-terminated,
+// truncated to n bytes). For ctypes: python/mistral_kernels/_library.py.
+extern "C" __attribute__((visibility("default"))) int mk_cpu_isa(char* buf, size_t n) {
+  const auto& c = mk::cpu::choice();
+  const std::string s = c.error.empty() ? mk::cpu::isa_name(c.isa) : c.error;
+  if (n > 0) {
+    std::strncpy(buf, s.c_str(), n - 1);
+    buf[n - 1] = '\0';
+  }
+  return c.error.empty() ? 0 : 1;
+}
+
+// 1 when this CPU supports the level `name` (and the build has it), 0 when not, -1 for an unknown name.
+extern "C" __attribute__((visibility("default"))) int mk_cpu_isa_supported(const char* name) {
+  for (mk::cpu::Isa isa : mk::cpu::kAll)
+    if (std::strcmp(name, mk::cpu::isa_name(isa)) == 0) return mk::cpu::supported(isa) ? 1 : 0;
+  return -1;
+}
