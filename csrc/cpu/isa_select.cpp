@@ -3,6 +3,7 @@
 // (mistral_kernels.cpu_isa(), `mistral-kernels info`).
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -71,6 +72,24 @@ const Choice& choice() {
   return c;
 }
 
+// Level set at run time by mk_cpu_isa_set (tests and benchmarks compare levels in one process); -1: none.
+std::atomic<int> g_forced{-1};
+
+bool parse(const char* name, Isa& out) {
+  for (Isa isa : kAll)
+    if (std::strcmp(name, isa_name(isa)) == 0) {
+      out = isa;
+      return true;
+    }
+  return false;
+}
+
+void write(char* buf, size_t n, const std::string& s) {
+  if (n == 0) return;
+  std::strncpy(buf, s.c_str(), n - 1);
+  buf[n - 1] = '\0';
+}
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -84,6 +103,8 @@ const char* isa_name(Isa isa) {
 }
 
 Isa active_isa() {
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<Isa>(forced);
   const Choice& c = choice();
   TORCH_CHECK(c.error.empty(), c.error);
   return c.isa;
@@ -94,18 +115,38 @@ Isa active_isa() {
 // The level in use as its name (return 0), or the error message (return 1), written to buf (NUL-terminated,
 // truncated to n bytes). For ctypes: python/mistral_kernels/_library.py.
 extern "C" __attribute__((visibility("default"))) int mk_cpu_isa(char* buf, size_t n) {
-  const auto& c = mk::cpu::choice();
-  const std::string s = c.error.empty() ? mk::cpu::isa_name(c.isa) : c.error;
-  if (n > 0) {
-    std::strncpy(buf, s.c_str(), n - 1);
-    buf[n - 1] = '\0';
+  const int forced = mk::cpu::g_forced.load();
+  if (forced >= 0) {
+    mk::cpu::write(buf, n, mk::cpu::isa_name(static_cast<mk::cpu::Isa>(forced)));
+    return 0;
   }
+  const auto& c = mk::cpu::choice();
+  mk::cpu::write(buf, n, c.error.empty() ? mk::cpu::isa_name(c.isa) : c.error);
   return c.error.empty() ? 0 : 1;
+}
+
+// Forces the level `name` for every later CPU op call (null or "": back to MK_CPU_ISA / CPUID). Returns 0,
+// or 1 with the error message in err (unknown level, or one this CPU lacks).
+extern "C" __attribute__((visibility("default"))) int mk_cpu_isa_set(const char* name, char* err, size_t n) {
+  if (name == nullptr || *name == '\0') {
+    mk::cpu::g_forced.store(-1);
+    return 0;
+  }
+  mk::cpu::Isa isa;
+  if (!mk::cpu::parse(name, isa)) {
+    mk::cpu::write(err, n, std::string(name) + " is not a CPU ISA level; expected one of: " + mk::cpu::level_list());
+    return 1;
+  }
+  if (!mk::cpu::supported(isa)) {
+    mk::cpu::write(err, n, std::string(name) + ": this CPU does not support that level; levels: " + mk::cpu::level_list());
+    return 1;
+  }
+  mk::cpu::g_forced.store(static_cast<int>(isa));
+  return 0;
 }
 
 // 1 when this CPU supports the level `name` (and the build has it), 0 when not, -1 for an unknown name.
 extern "C" __attribute__((visibility("default"))) int mk_cpu_isa_supported(const char* name) {
-  for (mk::cpu::Isa isa : mk::cpu::kAll)
-    if (std::strcmp(name, mk::cpu::isa_name(isa)) == 0) return mk::cpu::supported(isa) ? 1 : 0;
-  return -1;
+  mk::cpu::Isa isa;
+  return mk::cpu::parse(name, isa) ? (mk::cpu::supported(isa) ? 1 : 0) : -1;
 }

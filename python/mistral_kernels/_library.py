@@ -69,6 +69,17 @@ def cpu_isa() -> str:
     return buf.value.decode()
 
 
+def set_cpu_isa(level: str | None) -> None:
+    """Run the CPU kernels at ``level`` from now on (None: back to ``MK_CPU_ISA`` or the CPUID choice).
+
+    For tests and benchmarks that compare levels in one process. ValueError for an unknown level or one
+    this CPU does not support.
+    """
+    err = ctypes.create_string_buffer(512)
+    if _native().mk_cpu_isa_set(None if level is None else level.encode(), err, ctypes.c_size_t(len(err))) != 0:
+        raise ValueError(f"set_cpu_isa: {err.value.decode()}")
+
+
 def cpu_isa_supported(level: str) -> bool:
     """Whether this CPU (and this build: other architectures have ``generic`` only) can run ``level``."""
     if level not in CPU_ISA_LEVELS:
