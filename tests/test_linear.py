@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mistral_kernels
 from mistral_kernels import ops, reference
 
 
@@ -70,3 +71,23 @@ def test_skinny_linear_bad_inputs() -> None:
         op(torch.empty(2, 4), x, w.bfloat16())
     with pytest.raises(RuntimeError, match="out.shape\\[1\\]"):
         op(torch.empty(2, 5), x, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_conversions_every_value(dtype: torch.dtype) -> None:
+    """x [3, 1] · W [65536, 1]ᵀ with W = every 16-bit pattern: each product is exact in fp32, so the kernel's
+    16-bit → fp32 → 16-bit conversions must give torch's rounding (nearest even; subnormals, overflow to
+    Inf, NaN) bit for bit, at whatever CPU ISA level runs (scripts/isa_tests.sh). One documented exception:
+    AVX512_BF16's vdpbf16ps treats bf16 subnormals (|v| < 2^-126) as zero (inputs and results)."""
+    w = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).reshape(-1, 1)
+    x = torch.tensor([[1.0], [0.1], [3.0]]).to(dtype)
+    got = ops.linear(x, w)
+    expect = (x.float() @ w.float().T).to(dtype)
+    nan = expect.isnan()
+    assert torch.equal(got.isnan(), nan)
+    exact = ~nan
+    if dtype == torch.bfloat16 and mistral_kernels.cpu_isa() == "avx512bf16":
+        tiny = (w.float().abs() < 2.0**-126).T | (expect.float().abs() < 2.0**-126)
+        assert torch.all((got[tiny & exact] == 0) | (got[tiny & exact] == expect[tiny & exact]))
+        exact &= ~tiny
+    assert torch.equal(got[exact], expect[exact])
