@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_prefix_caching_argument(serve)
     add_moe_parallel_argument(serve)
 
-    i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
+    i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token, "
+                                    "CPU ISA level")
     i.add_argument("--model", help="as for generate (default: the default model)")
     i.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
                    help="dtype for the byte counts (auto = the checkpoint's own)")
