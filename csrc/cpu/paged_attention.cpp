@@ -88,16 +88,20 @@ inline void store_row(T* out, const float* acc, float l, int64_t D) {
 inline float std_exp(float x) { return std::exp(x); }
 
 // Per-thread state of R query rows and the scan's scratch; scan() streams keys [kbeg, kend) of one
-// sequence / kv head through the rows with the per-ISA kernel (csrc/cpu/isa/attention.h).
+// sequence / kv head through the rows with the per-ISA kernel (csrc/cpu/isa/attention.h), chosen by the
+// caller before its parallel region: MK_ISA_CALL(attn_scan).
+using ScanFn = void (*)(const AttnScan&);
+
 template <typename T>
 struct RowBlock {
+  ScanFn kernel;
   int64_t R, D;
   std::vector<float> q, acc, scores, kbuf, vbuf;
   std::vector<OnlineSoftmax> st;
   std::vector<T> raw;
   std::vector<int64_t> lo, hi;
-  RowBlock(int64_t R_, int64_t D_)
-      : R(R_), D(D_), q(R_ * D_), acc(R_ * D_), scores(R_ * kAttnScanChunk), kbuf(kAttnScanChunk * D_),
+  RowBlock(ScanFn kernel_, int64_t R_, int64_t D_)
+      : kernel(kernel_), R(R_), D(D_), q(R_ * D_), acc(R_ * D_), scores(R_ * kAttnScanChunk), kbuf(kAttnScanChunk * D_),
         vbuf(kAttnScanChunk * D_), st(R_), raw(R_ * D_), lo(R_), hi(R_) {}
   void reset() {
     std::fill(acc.begin(), acc.end(), 0.f);
@@ -109,7 +113,7 @@ struct RowBlock {
     const AttnScan a{kElem<T>, rows, D, q.data(), std::is_same_v<T, float> ? nullptr : raw.data(), scale, acc.data(),
                      st.data(), lo.data(), hi.data(), kv.k, kv.v, kv.block_table, kv.slot_stride, kv.block_size,
                      kv.num_blocks, kbeg, kend, scores.data(), kbuf.data(), vbuf.data()};
-    MK_ISA_CALL(attn_scan)(a);
+    kernel(a);
   }
 };
 
@@ -137,9 +141,10 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
     ws_st.resize(g.B * g.Hkv * P * g.G);
   }
   const int64_t items = g.B * g.Hkv * P;
+  const ScanFn scan = MK_ISA_CALL(attn_scan);
   // work per item: multiply-adds of a partition's scores (the P·V pass costs as much again)
   at::parallel_for(0, items, parallel_grain(std::min(max_range, part) * g.G * g.D), [&](int64_t i0, int64_t i1) {
-    RowBlock<T> rb(g.G, g.D);
+    RowBlock<T> rb(scan, g.G, g.D);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t p = it % P, kvh = (it / P) % g.Hkv, b = it / (P * g.Hkv);
       const int64_t L = sl[b], first = first_visible_key(L - 1, window);
@@ -201,12 +206,13 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t i = 0; i < cu[b + 1] - cu[b]; i += QT) tiles.emplace_back(b, i);
   const int64_t items = static_cast<int64_t>(tiles.size()) * g.Hkv;
+  const ScanFn scan = MK_ISA_CALL(attn_scan);
   int64_t max_len = 0;
   for (int64_t b = 0; b < g.B; ++b) max_len = std::max<int64_t>(max_len, sl[b]);
   const int64_t keys = window > 0 ? std::min(max_len, window + QT) : max_len;  // upper bound per tile
   // work per item: multiply-adds of a tile's scores
   at::parallel_for(0, items, parallel_grain(QT * g.G * keys * g.D), [&](int64_t i0, int64_t i1) {
-    RowBlock<T> rb(QT * g.G, g.D);
+    RowBlock<T> rb(scan, QT * g.G, g.D);
     auto& lo = rb.lo;
     auto& hi = rb.hi;
     for (int64_t it = i0; it < i1; ++it) {
