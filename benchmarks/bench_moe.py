@@ -1,7 +1,16 @@
-"""CPU MoE benchmark: ops.fused_moe vs transformers' MixtralSparseMoeBlock vs reference.fused_moe, plus the
-router / permute / unpermute ops vs their references. Decode (T = 1) and prefill (T = 512).
+"""MoE benchmark. CPU (default): ops.fused_moe vs transformers' MixtralSparseMoeBlock vs reference.fused_moe,
+plus the router / permute / unpermute ops vs their references. Decode (T = 1) and prefill (T = 512).
 
     python benchmarks/bench_moe.py [--dtype bf16|fp32] [--threads N] [--tokens 1,512]
+    python benchmarks/bench_moe.py --device cuda [--dtype bf16|fp16|fp32] [--tokens 1,4,16,64,512,4096]
+
+GPU (--device cuda): real Mixtral-8x7B layer shapes (H 4096, I 14336, E 8, k 2), every call timed with CUDA
+events. Per T: ops.fused_moe (router GEMM, softmax / top-k, permute, experts, unpermute), ops.moe_expert_ffn
+(the expert GEMMs alone over the permuted segments) and the dense torch equivalent of the latter
+(per-expert torch.matmul over the same segments, the segment bounds read on the host before timing).
+Decode (T ≤ 64) reports the % of HBM bandwidth, the bandwidth measured by a 1 GiB device copy in the same
+run; the bytes are the weights of the experts the routing touches, read once (plus the gate). Prefill
+reports TFLOP/s = 2·T·k·3·I·H / time. Written to benchmarks/results/gpu_moe_<dtype>.md.
 
 Shapes are Mixtral-like but sized for this machine (a real Mixtral layer is 2.8 GB of bf16 experts):
   mixtral-mini  H=1024, I=3584, E=8,  k=2   (Mixtral's ratios I/H = 3.5, E, k)
@@ -23,7 +32,7 @@ from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, markdown_table, median_time  # noqa: E402
+from common import copy_bandwidth_gbs, device_name, device_time, markdown_table, median_time  # noqa: E402
 
 from mistral_kernels import ops, reference as ref  # noqa: E402
 
@@ -32,15 +41,17 @@ SHAPES = {
     "mixtral-mini": dict(H=1024, I=3584, E=8, k=2),
     "many-experts": dict(H=512, I=1024, E=64, k=6),
 }
+GPU_SHAPES = {"mixtral-8x7b": dict(H=4096, I=14336, E=8, k=2)}
+GPU_DECODE_MAX_T = 64  # up to here a step is weight-streaming (reported as % of HBM bandwidth)
 
 
-def make_weights(H: int, I: int, E: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    gate = torch.randn(E, H, generator=g) / H**0.5
-    w1 = torch.randn(E, I, H, generator=g) / H**0.5
-    w3 = torch.randn(E, I, H, generator=g) / H**0.5
-    w2 = torch.randn(E, H, I, generator=g) / I**0.5
-    return tuple(w.to(dtype) for w in (gate, w1, w2, w3))
+def make_weights(H: int, I: int, E: int, dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device).manual_seed(0)
+    gate = torch.randn(E, H, generator=g, device=device) / H**0.5
+    w1 = (torch.randn(E, I, H, generator=g, device=device) / H**0.5).to(dtype)
+    w3 = (torch.randn(E, I, H, generator=g, device=device) / H**0.5).to(dtype)
+    w2 = (torch.randn(E, H, I, generator=g, device=device) / I**0.5).to(dtype)
+    return gate.to(dtype), w1, w2, w3
 
 
 def transformers_block(gate: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
@@ -56,18 +67,89 @@ def transformers_block(gate: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w
     return block
 
 
+def torch_experts(permuted: torch.Tensor, bounds: list[int], w1: torch.Tensor, w2: torch.Tensor,
+                  w3: torch.Tensor) -> torch.Tensor:
+    """The dense torch equivalent of moe_expert_ffn: per non-empty segment e, torch.matmul with expert e."""
+    y = torch.empty_like(permuted)
+    for e in range(len(bounds) - 1):
+        r0, r1 = bounds[e], bounds[e + 1]
+        if r1 == r0:
+            continue
+        a = permuted[r0:r1]
+        act = torch.nn.functional.silu(torch.matmul(a, w1[e].T)) * torch.matmul(a, w3[e].T)
+        y[r0:r1] = torch.matmul(act, w2[e].T)
+    return y
+
+
+def run_device(device: str, dtype: torch.dtype, token_counts: list[int], shapes: dict[str, dict[str, int]],
+               out_dir: Path | None, tag: str) -> str:
+    """The GPU table (also runs on the CPU with tiny shapes, to check the script without a GPU)."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    bw = copy_bandwidth_gbs(device=device)
+    header = f"{device_name(device)}: copy bandwidth {bw:.0f} GB/s, {dtype}"
+    print(header, flush=True)
+    rows = []
+    torch.set_grad_enabled(False)
+    for name, s in shapes.items():
+        H, I, E, k = s["H"], s["I"], s["E"], s["k"]
+        gate, w1, w2, w3 = make_weights(H, I, E, dtype, device)
+        for T in token_counts:
+            x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(dtype).to(device)
+            _, ids = ops.topk_softmax(torch.matmul(x, gate.T), k)
+            permuted, offsets, _ = ops.moe_permute(x, ids, E)
+            bounds = offsets.tolist()  # host sync, outside the timed calls
+            touched = sum(b > a for a, b in zip(bounds, bounds[1:]))
+            ffn = ops.moe_expert_ffn(permuted, offsets, w1, w2, w3)
+            dense = torch_experts(permuted, bounds, w1, w2, w3)
+            diff = ((ffn.float() - dense.float()).norm() / dense.float().norm().clamp_min(1e-30)).item()
+            t_fused = device_time(lambda: ops.fused_moe(x, gate, w1, w2, w3, k), device)
+            t_ffn = device_time(lambda: ops.moe_expert_ffn(permuted, offsets, w1, w2, w3), device)
+            t_torch = device_time(lambda: torch_experts(permuted, bounds, w1, w2, w3), device)
+            flops = 2 * T * k * 3 * I * H
+            nbytes = touched * 3 * I * H * es + E * H * es
+            times = (t_fused, t_ffn, t_torch)
+            if T <= GPU_DECODE_MAX_T:
+                metric = [f"{100 * nbytes / t / 1e9 / bw:.0f}%" for t in times]
+                kind = "% of HBM bw"
+            else:
+                metric = [f"{flops / t / 1e12:.1f}" for t in times]
+                kind = "TFLOP/s"
+            rows.append([name, T, touched, *(t * 1e6 for t in times), kind, *metric, f"{diff:.1e}"])
+            print(f"{name} T={T:5d} experts {touched}  fused_moe {t_fused*1e6:9.1f} us  expert_ffn {t_ffn*1e6:9.1f} "
+                  f"us  torch {t_torch*1e6:9.1f} us  {kind}: {' / '.join(metric)}", flush=True)
+    table = markdown_table(["shape", "T", "experts touched", "fused_moe (us)", "moe_expert_ffn (us)",
+                            "torch per-expert matmul (us)", "metric", "fused_moe", "moe_expert_ffn",
+                            "torch per-expert matmul", "‖ffn − torch‖ / ‖torch‖"], rows)
+    text = (f"{header}\n\nDecode rows: % of the copy bandwidth for the touched experts' weights read once; "
+            f"prefill rows: TFLOP/s (2·T·k·3·I·H).\n\n{table}\n")
+    print(f"\n{text}")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"gpu_moe_{tag}.md").write_text(text)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    parser.add_argument("--tokens", default="1,512", help="comma-separated token counts")
+    parser.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16")
+    parser.add_argument("--tokens", default=None, help="comma-separated token counts (CPU: 1,512; "
+                        "GPU: 1,4,16,64,512,4096)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    gpu = torch.device(args.device).type == "cuda"
+    if not gpu and dtype == torch.float16:
+        parser.error("--dtype fp16 needs --device cuda (the CPU kernels take fp32 and bf16)")
+    if gpu:
+        tokens = args.tokens or "1,4,16,64,512,4096"
+        run_device(args.device, dtype, [int(t) for t in tokens.split(",")], GPU_SHAPES, args.out, args.dtype)
+        return
     es = torch.tensor([], dtype=dtype).element_size()
-    token_counts = [int(t) for t in args.tokens.split(",")]
+    token_counts = [int(t) for t in (args.tokens or "1,512").split(",")]
 
     bw = copy_bandwidth_gbs()
     print(f"copy bandwidth: {bw:.1f} GB/s, threads: {torch.get_num_threads()}, dtype: {dtype}")

@@ -31,12 +31,21 @@ constexpr const char* kSchemas[] = {
     "fused_moe(Tensor! out, Tensor x, Tensor gate_weight, Tensor w1, Tensor w2, Tensor w3, int top_k, "
     "bool renormalize) -> ()",
     "moe_expert_ffn(Tensor! out, Tensor permuted_x, Tensor expert_offsets, Tensor w1, Tensor w2, Tensor w3) -> ()",
+    // linear layers on quantized weights  (MK_QUANT_OPS; formats: csrc/kernels/quant_blocks.h). qtype: GGML's
+    // code of a GGUF block format (qweight uint8 [N, K / QK * bytes], scales None) or 1000 = INT8_ROWWISE
+    // (qweight int8 [N, K], scales fp32 [N]).
+    "qlinear(Tensor! out, Tensor x, Tensor qweight, Tensor? scales, int qtype) -> ()",
 };
 
 // CPU-only helpers (no CUDA kernel by design: on GPUs the model uses cuBLAS through torch).
 constexpr const char* kCpuOnlySchemas[] = {
     // out[M, N] = x[M, K] · W[N, K]ᵀ for M <= 16, streaming W once (csrc/cpu/linear.cpp)
     "skinny_linear(Tensor! out, Tensor x, Tensor weight) -> ()",
+    // the dense decoder layers of one decode step in one call (csrc/cpu/decode_layers.cpp, decode_step.h)
+    "decode_layers(Tensor(a!) x, Tensor(b!) residual, Tensor[] attn_norm, Tensor[] qkv, Tensor[] wo, "
+    "Tensor[] ffn_norm, Tensor[] w13, Tensor[] w2, Tensor(c!)[] k_cache, Tensor(d!)[] v_cache, int[] windows, "
+    "Tensor positions, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor cos_sin, int n_heads, "
+    "float eps, float scale, bool is_neox) -> ()",
 };
 
 void define_all(torch::Library& m) {

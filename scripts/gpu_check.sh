@@ -3,7 +3,7 @@
 #   1. build the extension against the torch already installed (no new venv; nvcc for sm_90 only, plus the
 #      CPU and SIMT-emulated kernels) into build/gpu_check, used through MISTRAL_KERNELS_LIBRARY
 #   2. the whole test suite, the `cuda` backend included (fails if the cuda tests skipped), in 4 shards
-#   3. the GPU benchmarks (benchmarks/bench_attention.py, bench_generate.py --device cuda) → results/gpu_*.md
+#   3. the GPU benchmarks (benchmarks/bench_attention.py, bench_moe.py, bench_generate.py --device cuda) → results/gpu_*.md
 #   4. compute-sanitizer memcheck + racecheck on small decode / prefill / MoE launches (scripts/gpu_launches.py)
 # A summary (summary.md) and one log per step go to $GPU_CHECK_DIR. Budget: < 9 minutes on a 16-core H100.
 #
@@ -144,6 +144,7 @@ tests() {
 
 benchmarks() {
   "$PYTHON" benchmarks/bench_attention.py --device cuda --dtype bf16 &&
+    "$PYTHON" benchmarks/bench_moe.py --device cuda --dtype bf16 &&
     "$PYTHON" benchmarks/bench_generate.py --device cuda --model smollm2 --dtype bf16
 }
 
@@ -157,6 +158,7 @@ sanitize() {
 no_gpu_checks() {
   "$PYTHON" scripts/gpu_launches.py --backend emu &&
     "$PYTHON" benchmarks/bench_attention.py --help > /dev/null &&
+    "$PYTHON" benchmarks/bench_moe.py --help > /dev/null &&
     "$PYTHON" benchmarks/bench_generate.py --help > /dev/null &&
     bash -n scripts/gpu_check.sh
 }

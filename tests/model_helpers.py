@@ -112,15 +112,17 @@ def save_consolidated(hf_dir: Path, out_dir: Path) -> None:
     (out_dir / "params.json").write_text(json.dumps(params))
 
 
-def random_model(config: ModelConfig, *, device: str = "cpu", kernels: object = None, seed: int = 0) -> Model:
-    """A :class:`Model` with random fused weights (names and shapes of mistral_kernels.weights), fp32."""
+def random_model(config: ModelConfig, *, device: str = "cpu", kernels: object = None, seed: int = 0,
+                 dtype: torch.dtype = torch.float32, **model_args: object) -> Model:
+    """A :class:`Model` with random fused weights (names and shapes of mistral_kernels.weights), fp32 unless
+    ``dtype``; ``model_args`` go to :class:`Model`."""
     from mistral_kernels import ops
 
     g = torch.Generator().manual_seed(seed)
     c = config
 
     def rnd(*shape: int, scale: float = 0.1) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g) * scale).to(device)
+        return (torch.randn(*shape, generator=g) * scale).to(device, dtype)
 
     w: dict[str, torch.Tensor] = {"embed": rnd(c.vocab_size, c.dim, scale=1.0), "norm": 1 + rnd(c.dim),
                                   "lm_head": rnd(c.vocab_size, c.dim)}
@@ -134,4 +136,4 @@ def random_model(config: ModelConfig, *, device: str = "cpu", kernels: object = 
                   p + "w3": rnd(c.num_experts, c.hidden_dim, c.dim), p + "w2": rnd(c.num_experts, c.dim, c.hidden_dim)}
         else:
             w |= {p + "w13": rnd(2 * c.hidden_dim, c.dim), p + "w2": rnd(c.dim, c.hidden_dim)}
-    return Model(c, w, kernels if kernels is not None else ops)
+    return Model(c, w, kernels if kernels is not None else ops, **model_args)

@@ -147,11 +147,21 @@ def _linear_call(g: torch.Generator) -> Call:
                 ("out",), lambda a: {"out": ref.linear(a["x"], a["weight"])})
 
 
+def _qlinear_call(g: torch.Generator) -> Call:
+    from .quant_data import random_qweight
+
+    qweight, _ = random_qweight("Q4_0", 5, 64, seed=SEED)
+    return Call("qlinear", {"out": torch.empty(2, 5), "x": _randn(g, 2, 64), "qweight": qweight, "scales": None,
+                            "qtype": 2},
+                ("out",), lambda a: {"out": ref.qlinear(a["x"], a["qweight"], a["qtype"], a["scales"])})
+
+
 def valid_calls(namespace: str) -> list[Call]:
     g = torch.Generator().manual_seed(SEED)
     calls = [*_norm_calls(g), _rope_call(g), *_attention_calls(g), *_moe_calls(g)]
     if namespace == "mistral_kernels":
         calls.append(_linear_call(g))  # CPU-only schema
+        calls.append(_qlinear_call(g))  # the emulated qlinear is a separate piece of work (CUDA kernels)
     return calls
 
 

@@ -2,10 +2,12 @@
 
 - a batch of more than 65535 decode sequences (grid.y limit: the launch is split into chunks);
 - partition_size far beyond the keys (clamped to one partition, not truncated to int → zeros);
+- block tables of more than 32 blocks (the decode kernel's per-warp window of block ids);
 - many ragged prefill sequences, empty ones included, through the work-list grid (SIMT fp32 and
   tensor-core bf16 kernels), and a mixed batch: its decode rows through the decode kernel (split-K) and
   through the prefill kernel agree with the reference and with each other; the model sends the leading
-  decode rows of a mixed step to the decode kernel.
+  decode rows of a mixed step to the decode kernel, and the runner puts every decode row of a mixed step
+  first (any order of decodes and prefill chunks), logits back in batch order.
 The plans themselves: tests/test_attention_plan.py.
 """
 
@@ -47,6 +49,14 @@ def test_decode_more_than_65535_sequences(backend_one_schedule: Backend) -> None
 def test_decode_partition_size_is_clamped(backend_one_schedule: Backend, partition_size: int) -> None:
     be = backend_one_schedule
     _check_decode(be.ops, be.device, [40, 3, 0], 4, 2, 64, 8, torch.float32, None, seed=2,
+                  partition_size=partition_size)
+
+
+@pytest.mark.parametrize("s, window, partition_size", [(1, None, 0), (2, 101, 64), (3, None, 32)])
+def test_decode_block_table_window(backend: Backend, s: int, window: int | None, partition_size: int) -> None:
+    """Sequences over more than 32 small blocks: the kernel holds 32 block ids per warp and reloads the window
+    as its chunks move on (a window start inside a block, split-K partitions starting mid-block)."""
+    _check_decode(backend.ops, backend.device, [150, 67, 3], 8, 2, 64, s, torch.float32, window, seed=s,
                   partition_size=partition_size)
 
 
@@ -113,3 +123,57 @@ def test_model_mixed_step_routes_leading_decodes_to_the_decode_kernel(kernels: s
     cache.k, cache.v = k0, v0
     want = model.forward(ids, dataclasses.replace(batch, num_decode=0, prefill_cu_seqlens_q=None), cache)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "emu"])
+def test_runner_mixed_step_sends_every_decode_to_the_decode_kernel(kernels: str) -> None:
+    """Chunks in the order decode, prefill (samples), decode, prefill (mid-prompt, no sample): the runner puts
+    both decodes first, so each layer calls paged_decode_attention once with both decode rows; the logits,
+    back in batch order, equal the same step through the reference ops (mistral_kernels.reference)."""
+    from mistral_kernels import reference
+    from mistral_kernels.request import Request, RequestTimings
+    from mistral_kernels.runner import ModelRunner
+    from mistral_kernels.sampling import SamplingParams
+    from mistral_kernels.scheduler import ScheduledChunk, SchedulerOutput
+
+    if kernels == "emu" and not mistral_kernels.emulator_compiled():
+        pytest.skip("emulated kernels not built")
+    mod = ops if kernels == "cpu" else importlib.import_module("mistral_kernels.emulated")
+    cfg = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=48, vocab_size=64,
+                      max_position=128, sliding_window=24)
+    runner = ModelRunner(random_model(cfg, kernels=mod, seed=4), 40, 8, enforce_eager=True)
+    g = torch.Generator().manual_seed(6)
+    for t in runner.cache.k + runner.cache.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    k0, v0 = [t.clone() for t in runner.cache.k], [t.clone() for t in runner.cache.v]
+    spec = [([3, 9, 4, 12, 2], 37, 1, True), ([20, 21, 22], 10, 9, True), ([7, 1], 15, 1, True),
+            ([30, 31], 0, 13, False)]  # (block_table, num_cached, num_new, samples)
+    chunks = [ScheduledChunk(Request(i, [0], SamplingParams(), None, RequestTimings()), cached, new,
+                             torch.randint(0, 64, (new,), generator=g).tolist(), table, samples, new == 1)
+              for i, (table, cached, new, samples) in enumerate(spec)]
+    decode_rows: list[int] = []
+    seen: list[torch.Tensor] = []
+    decode = mod.paged_decode_attention
+
+    def decode_spy(q: torch.Tensor, *a: object, **kw: object) -> torch.Tensor:
+        decode_rows.append(q.shape[0])
+        return decode(q, *a, **kw)
+
+    def sample_spy(logits: torch.Tensor, *a: object) -> torch.Tensor:
+        seen.append(logits)
+        return logits.argmax(-1)
+
+    with (unittest.mock.patch.object(mod, "paged_decode_attention", decode_spy),
+          unittest.mock.patch("mistral_kernels.runner.sample", sample_spy)):
+        ids = runner.execute(SchedulerOutput(chunks, 8, 0))
+    assert decode_rows == [2] * cfg.n_layers
+    ref_model = random_model(cfg, kernels=reference, seed=4)
+    cache = ref_model.new_cache(40, 8)
+    cache.k, cache.v = k0, v0
+    batch = AttentionBatch.build([c.block_table for c in chunks], [c.num_cached for c in chunks],
+                                 [c.num_new for c in chunks], 8, logits_sequences=[0, 1, 2])
+    want = ref_model.forward(torch.tensor([t for c in chunks for t in c.token_ids]),
+                             dataclasses.replace(batch, num_decode=0, prefill_cu_seqlens_q=None), cache)  # [3, V]
+    (got,) = seen
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert ids == want.argmax(-1).tolist()

@@ -4,8 +4,9 @@ tests/plan/plan_dump.cpp (plain C++, compiled here with g++) prints the plans th
 - decode split-K: ≥ 2 blocks per SM at batch 1 / 4k context on an H100 (132 SMs), no split when the batch
   fills the GPU, an explicit partition_size honoured but clamped (no partition beyond the keys, ≤ 65535
   partitions: grid.z);
-- prefill work list: every (sequence, q tile) that exists is claimed by exactly one block, and the grid has
-  at most one idle block per sequence (the old grid gave each of 64 sequences the whole batch's tiles).
+- prefill work list: exactly one item per (sequence, q tile) that exists, each run by exactly one block; no
+  block is empty (grid ceil(Tq·G/BM) ≤ items); a 64-sequence batch of whole tiles launches exactly Σ ceil(q_b·G/BM)
+  blocks (the old grid gave each of 64 sequences the whole batch's tiles).
 The kernels themselves run these plans in tests/test_attention.py and tests/test_prefill_tc.py (emulated).
 """
 
@@ -63,15 +64,22 @@ def test_decode_partition_size_clamped(plan) -> None:
 
 
 def test_prefill_work_list_64_sequences(plan) -> None:
-    # 64 sequences of 512 tokens, G = 4, BM = 64: 2048 tiles exist.
-    (grid, items, idle, covered), = plan("prefill 4 64 " + " ".join(["512"] * 64))
-    assert covered == 1 and items == 64 * 512 * 4 // 64
-    assert grid == items + idle and idle <= 64
-    assert grid < 64 * items / 60                 # the old grid: 64 × items blocks
+    # 64 sequences of 512 tokens, G = 4, BM = 64: 2048 tiles exist, 2048 blocks run one each.
+    (grid, items, empty, covered, most), = plan("prefill 4 64 " + " ".join(["512"] * 64))
+    assert (grid, items, empty, covered, most) == (2048, 2048, 0, 1, 1)
+    # 64 sequences of 16 tokens (G = 4: one whole tile each) and of 48 + 16·k tokens: grid = Σ ceil exactly.
+    (grid, items, empty, covered, most), = plan("prefill 4 64 " + " ".join(["16"] * 64))
+    assert (grid, items, empty, covered, most) == (64, 64, 0, 1, 1)
+    lengths = [48 + 16 * (k % 5) for k in range(64)]
+    (grid, items, empty, covered, most), = plan("prefill 4 64 " + " ".join(map(str, lengths)))
+    assert grid == items == sum(-(-n * 4 // 64) for n in lengths) and (empty, covered, most) == (0, 1, 1)
 
 
 def test_prefill_work_list_ragged(plan) -> None:
+    """Ragged lengths, empty sequences included: still no empty block; every tile once; the blocks that run a
+    second item are at most the sequences' partial last tiles (≤ B - 1)."""
     lengths = [1, 0, 17, 300, 5, 0, 64, 63, 65, 1000]
     for g, bm in [(1, 64), (4, 64), (8, 128), (3, 64)]:
-        (grid, items, idle, covered), = plan(f"prefill {g} {bm} " + " ".join(map(str, lengths)))
-        assert covered == 1 and grid == items + idle and idle <= len(lengths), (g, bm)
+        (grid, items, empty, covered, most), = plan(f"prefill {g} {bm} " + " ".join(map(str, lengths)))
+        assert covered == 1 and empty == 0, (g, bm)
+        assert grid == -(-sum(lengths) * g // bm) and grid <= items < grid + len(lengths) and most <= 2, (g, bm)

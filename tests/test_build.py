@@ -17,7 +17,7 @@ import torch
 import mistral_kernels
 
 _ELF_CUBIN, _FATBIN_MAGIC = 2, 0xBA55ED50
-CPU_ONLY_OPS = {"skinny_linear"}  # by design (csrc/registration.cpp kCpuOnlySchemas)
+CPU_ONLY_OPS = {"skinny_linear", "decode_layers"}  # by design (csrc/registration.cpp kCpuOnlySchemas)
 
 
 def _op_names(ns: str) -> list[str]:

@@ -55,6 +55,11 @@ def test_info_default_model(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "n_layers: 30" in out and "parameters: total 134,515,008" in out
     assert "KV cache: 46,080 bytes per token" in out            # 2 · 30 layers · 3 heads · 64 · 4 bytes
+    # Q4_1: 20 bytes per 32 weights; the Q8_0 embedding dequantized to fp32, its packed tied head 34 / 32
+    assert "stored formats: Q4_1 106,168,320 params 63.3 MiB (0.625 B/param), Q8_0 28,311,552 params" in out
+    assert "weights as loaded: 0.195 GiB" in out and "Q8_0 (tied head) 0 params 28.7 MiB" in out
+    assert main(["info", "--dequantize"]) == 0
+    assert "weights as loaded: 0.501 GiB, 4.000 bytes per parameter: float32" in capsys.readouterr().out
 
 
 def test_default_model_answers_paris(tmp_path: Path) -> None:

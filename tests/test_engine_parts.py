@@ -104,7 +104,9 @@ def test_attention_batch_logits_rows() -> None:
         == [1, 4]
     assert AttentionBatch.build([[7, 2], [5]], [5, 0], [2, 3], 4, logits_sequences=[]).logits_indices.numel() == 0
     assert AttentionBatch.build([[7, 2], [5]], [5, 0], [2, 3], 4).logits_indices is None
-    for bad in ([1, 0], [2], [0, 0]):
-        with pytest.raises(ValueError, match="logits_sequences must be increasing ids in \\[0, 2\\)"):
+    assert AttentionBatch.build([[7, 2], [5]], [5, 0], [2, 3], 4, logits_sequences=[1, 0]).logits_indices.tolist() \
+        == [4, 1]  # rows in the order asked (the runner's decodes-first reordering relies on it)
+    for bad in ([2], [0, 0], [-1]):
+        with pytest.raises(ValueError, match="logits_sequences must be distinct ids in \\[0, 2\\)"):
             AttentionBatch.build([[7, 2], [5]], [5, 0], [2, 3], 4, logits_sequences=bad)
     assert batch.logits_indices.dtype == torch.int64

@@ -56,10 +56,11 @@ def test_hf_config_dtype_wins_over_the_stored_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind,expected", [("F16", torch.bfloat16), ("BF16", torch.bfloat16), ("F32", torch.float32),
                                            ("Q8_0", torch.float32)])
 def test_gguf_default_dtype_and_values(tmp_path: Path, kind: str, expected: torch.dtype) -> None:
-    """GGUF: the type of most weights (quantized → fp32); values equal gguf's own dequantization."""
+    """GGUF: the type of most weights (quantized → fp32); values equal gguf's own dequantization (dequantized
+    at load with ``quantized=False``, and, by default, the packed blocks kept decode to them)."""
     path = tmp_path / "m.gguf"
     write_random_checkpoint(CONFIG, path, "gguf", gguf_type=kind)
-    config, weights = load_checkpoint(path)
+    config, weights = load_checkpoint(path, quantized=False)
     assert weights["embed"].dtype == expected
     reader = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
 
@@ -72,6 +73,10 @@ def test_gguf_default_dtype_and_values(tmp_path: Path, kind: str, expected: torc
     torch.testing.assert_close(weights["layers.1.qkv"].float(), qkv.to(expected).float(), atol=0, rtol=0)
     w13 = torch.cat([reference("blk.0.ffn_gate.weight"), reference("blk.0.ffn_up.weight")])
     torch.testing.assert_close(weights["layers.0.w13"].float(), w13.to(expected).float(), atol=0, rtol=0)
+    if kind == "Q8_0":
+        _, packed = load_checkpoint(path)
+        torch.testing.assert_close(packed["layers.1.qkv"].dequantize(), qkv, atol=0, rtol=0)
+        torch.testing.assert_close(packed["layers.0.w13"].dequantize(), w13, atol=0, rtol=0)
 
 
 def test_fused_weights_equal_the_safetensors_reader(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ class Kernel:
 
 
 def _short(demangled: str) -> str:
-    """'void mk::abi_cuda::k<float, 64>(mk::abi_cuda::P<float>)' → 'k<float, 64>'."""
+    """'void mk::abi_cuda::k<float, mk::abi_cuda::Tile<64>>(mk::abi_cuda::P<float>)' → 'k<float, Tile<64>>'."""
     name = demangled.removeprefix("void ")
     depth = 0
     for i, c in enumerate(name):  # cut the parameter list: the first '(' outside template brackets
@@ -74,7 +74,7 @@ def _short(demangled: str) -> str:
         if c == "(" and depth == 0:
             name = name[:i]
             break
-    return re.sub(r"^(?:\w+::)+", "", name)
+    return re.sub(r"(?<![\w:])(?:\w+::)+", "", name)  # every namespace, template arguments' included
 
 
 def _compile(nvcc: str, arch: str, out: Path) -> tuple[str, str]:
@@ -168,7 +168,8 @@ def test_every_kernel_instance_is_built(kernels: list[Kernel]) -> None:
                 assert (f"paged_prefill_tc_kernel<{t}, {d}>", arch) in names
         for family in ("rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "reshape_and_cache_kernel",
                        "grouped_gemm_nt_kernel", "topk_softmax_kernel", "moe_scatter_kernel", "moe_unpermute_kernel",
-                       "moe_scan_kernel", "moe_rank_kernel", "paged_decode_reduce_kernel"):
+                       "moe_columns_kernel", "moe_offsets_kernel", "moe_rank_kernel",
+                       "paged_decode_reduce_kernel", "quant_gemv_kernel", "quant_gemm_kernel"):
             assert any(n.startswith(family) and a == arch for n, a in names), f"{family} missing for {arch}"
     assert all(k.max_threads > 0 for k in kernels), [k.name for k in kernels if not k.max_threads]
 

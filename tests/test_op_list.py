@@ -21,7 +21,7 @@ from .test_opcheck import CASES
 
 NATIVE, EMU = ops.NAMESPACES
 # CPU-only helper schemas (registered in mistral_kernels only) → the public function that serves them.
-HELPER_WRAPPERS = {"skinny_linear": "linear"}
+HELPER_WRAPPERS = {"decode_layers": "decode_layers", "skinny_linear": "linear"}
 # Public functions that are not a kernel: plain torch / configuration.
 NON_KERNEL = {"rope_cos_sin_cache", "device_index_checks"}
 
@@ -136,8 +136,8 @@ def test_problems_are_reported() -> None:
     schemas = {**good.schemas, NATIVE: good.schemas[NATIVE] | {"new_op"}}
     faked = {**good.faked, NATIVE: good.faked[NATIVE] | {"new_op"}}
     assert broken(schemas=schemas, faked=faked) == [
-        f"CPU-only schemas ['new_op', 'skinny_linear'] differ from the helpers with a declared public wrapper "
-        "['skinny_linear']",
+        f"CPU-only schemas ['decode_layers', 'new_op', 'skinny_linear'] differ from the helpers with a declared "
+        "public wrapper ['decode_layers', 'skinny_linear']",
         f"{NATIVE}::new_op has no public wrapper ops.new_op",
         f"{NATIVE}::new_op has no reference function reference.new_op",
         f"{NATIVE}::new_op has no opcheck case in tests/test_opcheck.py",

@@ -80,7 +80,40 @@ def _linear_cases() -> list[tuple[str, Callable[[], tuple]]]:
     return [("skinny_linear", lambda: (torch.empty(3, 10), x, w))]
 
 
-CASES = _norm_cases() + _moe_cases() + _attention_cases() + _expert_ffn_cases() + _linear_cases()
+def _quant_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    from .quant_data import random_qweight
+
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    qweight, _ = random_qweight("Q4_0", 10, 64, seed=4)
+    return [("qlinear", lambda: (torch.empty(3, 10), x, qweight, None, 2))]
+
+
+
+def _decode_layers_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    g = torch.Generator().manual_seed(4)
+    h, hq, hkv, d, i, n, s, layers = 16, 2, 1, 8, 12, 4, 4, 2
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.3
+
+    def args() -> tuple:
+        per = [[rnd(h) + 1 for _ in range(layers)], [rnd((hq + 2 * hkv) * d, h) for _ in range(layers)],
+               [rnd(h, hq * d) for _ in range(layers)], [rnd(h) + 1 for _ in range(layers)],
+               [rnd(2 * i, h) for _ in range(layers)], [rnd(h, i) for _ in range(layers)],
+               [rnd(n, s, hkv, d) for _ in range(layers)], [rnd(n, s, hkv, d) for _ in range(layers)]]
+        cos_sin = torch.cat([torch.ones(8, d // 2), torch.zeros(8, d // 2)], 1)
+        return (rnd(2, h), rnd(2, h), *per, [0, 3], torch.tensor([5, 0]), torch.tensor([9, -1]),
+                torch.tensor([[3, 2], [0, 0]], dtype=torch.int32), torch.tensor([6, 0], dtype=torch.int32),
+                cos_sin, hq, 1e-5, d ** -0.5, True)
+
+    return [("decode_layers", args)]
+
+
+
+CASES = (
+    _norm_cases() + _moe_cases() + _attention_cases() + _expert_ffn_cases() + _linear_cases() + _quant_cases()
+    + _decode_layers_cases()
+)
 
 # Each case in each namespace that registers the op (CPU-only helpers such as skinny_linear exist only in
 # mistral_kernels).

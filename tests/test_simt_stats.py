@@ -8,8 +8,6 @@ Shape letters: T tokens, H hidden, Tq packed queries, B sequences, Hq / Hkv head
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -55,25 +53,29 @@ def test_prefill_tc_counters(emulated) -> None:
     assert cp_async and all(s.efficiency >= 0.99 for s in cp_async), cp_async  # whole 16-byte chunks of rows
 
 
-def _prefill_empty_fraction(emulated, dtype: torch.dtype) -> float:
+def _prefill_launch(emulated, seq_lens: list[int], q_lens: list[int], dtype: torch.dtype):
     from .test_attention import _check_prefill
 
-    # One long prompt batched with seven single-token chunks (decode-like rows in a prefill batch).
-    _check_prefill(emulated, "cpu", [300, 5, 9, 12, 3, 7, 20, 4], [256, 1, 1, 1, 1, 1, 1, 1], 2, 2, 64, 16, dtype,
-                   None, seed=2)
+    # Hq 2, Hkv 2 (G = 1), D 64, S 16; the result is checked against the reference by _check_prefill.
+    _check_prefill(emulated, "cpu", seq_lens, q_lens, 2, 2, 64, 16, dtype, None, seed=2)
     (launch,) = [s for s in emulated.simt_stats() if "paged_prefill" in s.kernel]
     print(f"{launch.kernel}: grid {launch.grid}, {launch.empty_blocks} of {launch.blocks} blocks empty")
-    return launch.empty_fraction
+    return launch
 
 
-# The grid (ceil(Tq·G/64), Hkv, B) sizes every sequence's block column for the longest one (72.5 % empty blocks
-# here). Until both prefill kernels take their tiles from a work list (prefill_locate_tile, owned by the
-# attention kernels' work), the bound is an expected failure; strict, so a fix without that name shows up.
-_WORK_LIST = all("prefill_locate_tile" in (Path(__file__).resolve().parents[1] / "csrc" / "kernels" / f).read_text()
-                 for f in ("paged_prefill.cuh", "paged_prefill_tc.cuh"))
-
-
-@pytest.mark.xfail(not _WORK_LIST, strict=True, reason="prefill grid sized per longest sequence: 72.5 % empty blocks")
+# The work list (csrc/kernels/attention_plan.h): one item per (sequence, 64-row q tile) that exists, grid
+# ceil(Tq·G/64) × Hkv blocks (never more than the items), so no block is empty.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_prefill_grid_waste_is_bounded(emulated, dtype: torch.dtype) -> None:
-    assert _prefill_empty_fraction(emulated, dtype) <= 0.5
+def test_prefill_grid_has_no_empty_block(emulated, dtype: torch.dtype) -> None:
+    # One long prompt batched with seven single-token chunks (decode-like rows in a prefill batch): 11 tiles
+    # run by 5 blocks per kv head (the old per-sequence grid left 72.5 % of its blocks empty).
+    launch = _prefill_launch(emulated, [300, 5, 9, 12, 3, 7, 20, 4], [256, 1, 1, 1, 1, 1, 1, 1], dtype)
+    assert launch.empty_blocks == 0 and launch.blocks == 5 * 2
+
+
+def test_prefill_64_sequences_launch_one_block_per_tile(emulated) -> None:
+    """64 sequences whose chunks fill whole tiles (64 or 128 new tokens, G = 1): exactly Σ ceil(q_b / 64)
+    blocks per kv head, none empty."""
+    q_lens = [64 * (1 + b % 2) for b in range(64)]
+    launch = _prefill_launch(emulated, [q + 3 for q in q_lens], q_lens, torch.float16)
+    assert launch.empty_blocks == 0 and launch.blocks == sum(-(-q // 64) for q in q_lens) * 2

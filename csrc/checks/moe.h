@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "common.h"
@@ -18,6 +19,25 @@ inline constexpr int64_t kMaxTopK = 32;
 // The most experts any backend accepts (the CUDA router and permute scan keep E values in shared memory;
 // the CPU shares the bound, so a call never succeeds on one backend and fails on another).
 inline constexpr int64_t kMaxExperts = 4096;
+
+// fused_moe runs the router, permute, expert GEMMs and unpermute over at most kMoeChunkTokens tokens at a
+// time, so its transient memory is O(chunk), not O(T): per chunk of C tokens, M = C·k rows,
+//   permuted, y [M, H] + the expert intermediates (gate|up [M, 2I], act [M, I]) + logits [C, E] + indices,
+// in x's dtype: Mixtral-8x7B (H 4096, I 14336, k 2) in bf16 ≈ C·k·(2H + 3I)·2 B ≈ 0.84 GB for C = 4096.
+// A chunk of 4096 tokens still gives each of Mixtral's 8 experts ~1024 rows: full-height GEMM tiles.
+inline constexpr int64_t kMoeChunkTokens = 4096;
+
+// The chunk in tokens: kMoeChunkTokens, or MK_MOE_CHUNK_TOKENS (≥ 1; internal, for the tests that compare a
+// tiny chunk with the unchunked reference). Read at every call: a getenv, no device work.
+inline int64_t moe_chunk_tokens(const char* op) {
+  const char* env = std::getenv("MK_MOE_CHUNK_TOKENS");
+  if (env == nullptr || *env == '\0') return kMoeChunkTokens;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  TORCH_CHECK(*end == '\0' && v >= 1, op, ": MK_MOE_CHUNK_TOKENS must be a positive integer (tokens per chunk), "
+              "got '", env, "'");
+  return static_cast<int64_t>(v);
+}
 
 inline void topk_range(const char* op, int64_t k, int64_t E) {
   TORCH_CHECK(E >= 1 && E <= kMaxExperts, op, ": the number of experts E must be in [1, ", kMaxExperts, "], got ", E);

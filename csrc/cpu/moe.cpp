@@ -8,7 +8,8 @@
 // Everything is deterministic: the permutation is built by one serial counting-sort pass (O(T·k) integer
 // work); the row copies, the router and the weighted sums are parallel over tokens / rows.
 //
-// fused_moe = router GEMM → topk_softmax → moe_permute → per non-empty expert segment:
+// fused_moe = per chunk of ≤ kMoeChunkTokens tokens (csrc/checks/moe.h: transient memory O(chunk)):
+// router GEMM → topk_softmax → moe_permute → per non-empty expert segment:
 //   gate = A·w1[e]ᵀ, up = A·w3[e]ᵀ, act = silu(gate)·up, y = act·w2[e]ᵀ → moe_unpermute,
 // the projections by skinny_linear (≤ 16 rows: decode) or ATen's GEMM (prefill).
 // Experts with no token cost nothing (decode T = 1 touches exactly k experts). Intermediates are stored in
@@ -208,27 +209,34 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
   constexpr const char* op = "fused_moe";
   require_cpu(op, "x", x);
   check::fused_moe_args(op, out, x, gate_weight, w1, w2, w3, top_k, kFloatTypes);
-  const int64_t T_ = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k, M = T_ * k;
+  const int64_t T_ = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k;
   if (T_ == 0) return;
 
-  at::Tensor logits = at::empty({T_, E}, x.options());  // in x's dtype, like nn.Linear
-  linear_into(logits, x, gate_weight);
-  at::Tensor weights = at::empty({T_, k}, x.options().dtype(at::kFloat));
-  at::Tensor ids = at::empty({T_, k}, x.options().dtype(at::kInt));
-  at::Tensor inv_perm = at::empty({T_, k}, x.options().dtype(at::kInt));
+  // Chunks of at most C tokens (kMoeChunkTokens, csrc/checks/moe.h): every transient buffer is O(C).
+  const int64_t C = std::min(T_, check::moe_chunk_tokens(op)), MC = C * k;
+  at::Tensor logits = at::empty({C, E}, x.options());  // in x's dtype, like nn.Linear
+  at::Tensor weights = at::empty({C, k}, x.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty({C, k}, x.options().dtype(at::kInt));
+  at::Tensor inv_perm = at::empty({C, k}, x.options().dtype(at::kInt));
   std::vector<int64_t> offsets(E + 1);
-  at::Tensor permuted = at::empty({M, H}, x.options());
-  at::Tensor y = at::empty({M, H}, x.options());
+  at::Tensor permuted = at::empty({MC, H}, x.options());
+  at::Tensor y = at::empty({MC, H}, x.options());
 
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
-    topk_softmax_rows(logits.const_data_ptr<scalar_t>(), weights.data_ptr<float>(), ids.data_ptr<int32_t>(), T_, E,
-                      k, renormalize);
-    build_permutation(ids.const_data_ptr<int32_t>(), M, E, offsets.data(), inv_perm.data_ptr<int32_t>());
-    gather_rows(static_cast<char*>(permuted.data_ptr()), static_cast<const char*>(x.const_data_ptr()),
-                inv_perm.const_data_ptr<int32_t>(), M, k, H * x.element_size());
-    expert_segments(y, permuted, offsets.data(), E, w1, w2, w3);
-    unpermute_rows(out.data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), weights.const_data_ptr<float>(),
-                   inv_perm.const_data_ptr<int32_t>(), T_, k, H);
+    for (int64_t t0 = 0; t0 < T_; t0 += C) {
+      const int64_t tc = std::min(C, T_ - t0), mc = tc * k;
+      const at::Tensor x_c = x.narrow(0, t0, tc);
+      at::Tensor logits_c = logits.narrow(0, 0, tc), y_c = y.narrow(0, 0, mc);
+      linear_into(logits_c, x_c, gate_weight);
+      topk_softmax_rows(logits.const_data_ptr<scalar_t>(), weights.data_ptr<float>(), ids.data_ptr<int32_t>(), tc,
+                        E, k, renormalize);
+      build_permutation(ids.const_data_ptr<int32_t>(), mc, E, offsets.data(), inv_perm.data_ptr<int32_t>());
+      gather_rows(static_cast<char*>(permuted.data_ptr()), static_cast<const char*>(x_c.const_data_ptr()),
+                  inv_perm.const_data_ptr<int32_t>(), mc, k, H * x.element_size());
+      expert_segments(y_c, permuted.narrow(0, 0, mc), offsets.data(), E, w1, w2, w3);
+      unpermute_rows(out.data_ptr<scalar_t>() + t0 * H, y.const_data_ptr<scalar_t>(), weights.const_data_ptr<float>(),
+                     inv_perm.const_data_ptr<int32_t>(), tc, k, H);
+    }
   });
 }
 

@@ -2,23 +2,32 @@
 // backends.
 // Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = T·k permuted rows.
 //
-// fused_moe composes the kernels without a host sync (the expert offsets never leave the device):
-//   logits [T, E]   = grouped_gemm(x, gate_weight as one group)            (dtype of x)
+// fused_moe composes the kernels without a host sync (the expert offsets never leave the device), over
+// chunks of at most C = check::moe_chunk_tokens() tokens (kMoeChunkTokens, csrc/checks/moe.h: transient
+// memory O(C), every buffer below sized for one chunk and reused), per chunk x_c [T_c, H]:
+//   logits [T_c, E] = x_c · gate_weightᵀ   dense GEMM (at::mm: cuBLAS on CUDA, ATen on the emulated
+//                                           backend's CPU tensors), in x's dtype like nn.Linear
 //   weights, ids    = topk_softmax(logits)                                  (fp32, int32)
-//   permuted [M, H] = moe_permute(x, ids)  + offsets [E+1], inv_perm [T, k]
-//   h13 [M, 2I]     = [grouped_gemm(permuted, w1) | grouped_gemm(permuted, w3)]   (segments by offsets)
-//   act [M, I]      = silu_and_mul(h13)
+//   permuted [M, H] = moe_permute(x_c, ids)  + offsets [E+1], inv_perm [T_c, k]   (M = T_c·k)
+//   act [M, I]      = silu(grouped_gemm(permuted, w1)) * grouped_gemm(permuted, w3)   (segments by offsets;
+//                     fp16 / bf16: one tensor-core GEMM with the SwiGLU epilogue, else h13 [M, 2I] + silu_and_mul)
 //   y [M, H]        = grouped_gemm(act, w2)
-//   out [T, H]      = moe_unpermute(y, weights, inv_perm)
+//   out_c [T_c, H]  = moe_unpermute(y, weights, inv_perm)
+// The router GEMM (N = E = 8 for Mixtral) used to run as the grouped GEMM with one group: one block for a
+// decode step. cuBLAS splits such a skinny product over the whole GPU.
 // Index ranges of device tensors are checked by the Python wrappers; CPU ones (emulated) here.
 #pragma once
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
+
+#include <algorithm>
 
 #include "../checks/moe.h"
 #include "../kernels/activation.cuh"
 #include "../kernels/grouped_gemm.cuh"
+#include "../kernels/grouped_gemm_tc.cuh"
 #include "../kernels/moe_permute.cuh"
 #include "../kernels/moe_router.cuh"
 #include "common.h"
@@ -45,7 +54,7 @@ template <typename S>
 void permute(const char* op, at::Tensor& permuted, at::Tensor& offsets, at::Tensor& inv_perm, const at::Tensor& x,
              const at::Tensor& ids, int64_t E, cudaStream_t stream) {
   const int64_t n = ids.numel();
-  at::Tensor counts = at::zeros({std::max<int64_t>(1, ceil_div(n, kPermuteChunk)), E}, ids.options());
+  at::Tensor counts = at::zeros({E, std::max<int64_t>(1, ceil_div(n, kPermuteChunk))}, ids.options());
   at::Tensor rank = at::empty({std::max<int64_t>(1, n)}, ids.options());
   check_launch(launch_moe_permute(kptr<S>(permuted), offsets.data_ptr<int64_t>(), inv_perm.data_ptr<int32_t>(),
                                   counts.data_ptr<int32_t>(), rank.data_ptr<int32_t>(), kptr<S>(x),
@@ -68,30 +77,43 @@ void unpermute(const char* op, at::Tensor& out, const at::Tensor& y, const at::T
 }
 
 // y [M, H] rows of segment g (rows [offsets[g], offsets[g+1]), g < G, offsets on the device) =
-// w2[g]·(silu(w1[g]·x) * w3[g]·x); other rows of y are not written. max_group_rows bounds any segment
-// (it only picks the GEMM tile height).
+// w2[g]·(silu(w1[g]·x) * w3[g]·x); other rows of y are not written. fp16 / bf16: the tensor-core grouped GEMM
+// (grouped_gemm_tc.cuh) with the SwiGLU in the w1|w3 epilogue (no h13), its tile picked from the expected
+// rows per segment (rows_per_group; ≤ 0: M / G); fp32 and shapes outside its rule: the SIMT grouped GEMM,
+// whose tile height max_group_rows (a bound of any segment) picks. docs/kernels.md lists which kernel runs when.
 template <typename S>
 void expert_ffn(const char* op, at::Tensor& y, const at::Tensor& permuted, const int64_t* offsets, int64_t G,
                 int64_t max_group_rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
-                cudaStream_t stream) {
+                cudaStream_t stream, int64_t rows_per_group = 0) {
   const int64_t M = permuted.size(0), H = permuted.size(1), I = w1.size(1);
-  at::Tensor h13 = at::empty({M, 2 * I}, permuted.options());
   at::Tensor act = at::empty({M, I}, permuted.options());
   const int g = static_cast<int>(G);
-  kernel_t<S>* h = kptr<S>(h13);
-  check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<S>(permuted), H, kptr<S>(w1), offsets, g, M, max_group_rows, I,
-                                      H, stream),
-               op);
-  check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<S>(permuted), H, kptr<S>(w3), offsets, g, M, max_group_rows,
-                                      I, H, stream),
-               op);
-  constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
-  for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
-    check_launch(launch_silu_and_mul(kptr<S>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I, stream),
+  using K = kernel_t<S>;
+  if (rows_per_group <= 0) rows_per_group = G > 0 ? ceil_div(M, G) : M;
+  const GroupedGemmTcArgs<K> up{kptr<S>(act), I, kptr<S>(permuted), H, kptr<S>(w1), kptr<S>(w3), offsets, g, M, I, H};
+  if (grouped_gemm_tc_supported(up)) {
+    check_launch(launch_grouped_gemm_tc(up, rows_per_group, stream), op);
+  } else {
+    at::Tensor h13 = at::empty({M, 2 * I}, permuted.options());
+    K* h = kptr<S>(h13);
+    check_launch(launch_grouped_gemm_nt(h, 2 * I, kptr<S>(permuted), H, kptr<S>(w1), offsets, g, M, max_group_rows, I,
+                                        H, stream),
                  op);
-  check_launch(launch_grouped_gemm_nt(kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), offsets, g, M, max_group_rows, H,
-                                      I, stream),
-               op);
+    check_launch(launch_grouped_gemm_nt(h + I, 2 * I, kptr<S>(permuted), H, kptr<S>(w3), offsets, g, M,
+                                        max_group_rows, I, H, stream),
+                 op);
+    constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
+    for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
+      check_launch(launch_silu_and_mul(kptr<S>(act) + r0 * I, h + r0 * 2 * I, std::min(kMaxRows, M - r0), I, stream),
+                   op);
+  }
+  const GroupedGemmTcArgs<K> down{kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), nullptr, offsets, g, M, H, I};
+  if (grouped_gemm_tc_supported(down))
+    check_launch(launch_grouped_gemm_tc(down, rows_per_group, stream), op);
+  else
+    check_launch(launch_grouped_gemm_nt(kptr<S>(y), H, kptr<S>(act), I, kptr<S>(w2), offsets, g, M, max_group_rows, H,
+                                        I, stream),
+                 op);
 }
 
 }  // namespace moe_detail
@@ -143,28 +165,35 @@ inline void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& ga
   constexpr const char* op = "fused_moe";
   backend::require_device(op, "x", x);
   check::fused_moe_args(op, out, x, gate_weight, w1, w2, w3, top_k, backend::kFloatTypes);
-  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k, M = T * k;
+  const int64_t T = x.size(0), H = x.size(1), E = gate_weight.size(0), k = top_k;
   moe_detail::check_expert_count(op, E);
   if (T == 0) return;
   backend::Context ctx(x);
   const cudaStream_t stream = ctx.stream();
-  at::Tensor logits = at::empty({T, E}, x.options());
-  at::Tensor weights = at::empty({T, k}, x.options().dtype(at::kFloat));
-  at::Tensor ids = at::empty({T, k}, x.options().dtype(at::kInt));
-  at::Tensor inv_perm = at::empty({T, k}, x.options().dtype(at::kInt));
+  const int64_t C = std::min(T, check::moe_chunk_tokens(op)), MC = C * k;  // tokens, rows per chunk
+  at::Tensor logits = at::empty({C, E}, x.options());
+  at::Tensor weights = at::empty({C, k}, x.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty({C, k}, x.options().dtype(at::kInt));
+  at::Tensor inv_perm = at::empty({C, k}, x.options().dtype(at::kInt));
   at::Tensor offsets = at::empty({E + 1}, x.options().dtype(at::kLong));
-  at::Tensor permuted = at::empty({M, H}, x.options());
-  at::Tensor y = at::empty({M, H}, x.options());
+  at::Tensor permuted = at::empty({MC, H}, x.options());
+  at::Tensor y = at::empty({MC, H}, x.options());
+  const at::Tensor gate_t = gate_weight.t();
   MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
-    // router: one group [0, T) of the gate weight seen as [1, E, H]
-    check_launch(launch_grouped_gemm_nt(kptr<scalar_t>(logits), E, kptr<scalar_t>(x), H, kptr<scalar_t>(gate_weight),
-                                        static_cast<const int64_t*>(nullptr), 1, T, T, E, H, stream),
-                 op);
-    moe_detail::router<scalar_t>(op, weights, ids, logits, renormalize, stream);
-    moe_detail::permute<scalar_t>(op, permuted, offsets, inv_perm, x, ids, E, stream);
-    // A token picks an expert at most once: no segment exceeds T rows.
-    moe_detail::expert_ffn<scalar_t>(op, y, permuted, offsets.const_data_ptr<int64_t>(), E, T, w1, w2, w3, stream);
-    moe_detail::unpermute<scalar_t>(op, out, y, weights, inv_perm, stream);
+    for (int64_t t0 = 0; t0 < T; t0 += C) {
+      const int64_t tc = std::min(C, T - t0), mc = tc * k;  // narrowed leading dims stay contiguous
+      at::Tensor out_c = out.narrow(0, t0, tc), logits_c = logits.narrow(0, 0, tc);
+      at::Tensor weights_c = weights.narrow(0, 0, tc), ids_c = ids.narrow(0, 0, tc);
+      at::Tensor inv_c = inv_perm.narrow(0, 0, tc), permuted_c = permuted.narrow(0, 0, mc), y_c = y.narrow(0, 0, mc);
+      const at::Tensor x_c = x.narrow(0, t0, tc);
+      at::mm_out(logits_c, x_c, gate_t);  // router: the dense GEMM path
+      moe_detail::router<scalar_t>(op, weights_c, ids_c, logits_c, renormalize, stream);
+      moe_detail::permute<scalar_t>(op, permuted_c, offsets, inv_c, x_c, ids_c, E, stream);
+      // A token picks an expert at most once: no segment exceeds tc rows.
+      moe_detail::expert_ffn<scalar_t>(op, y_c, permuted_c, offsets.const_data_ptr<int64_t>(), E, tc, w1, w2, w3,
+                                       stream);
+      moe_detail::unpermute<scalar_t>(op, out_c, y_c, weights_c, inv_c, stream);
+    }
   });
 }
 
@@ -181,9 +210,10 @@ inline void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const 
   out.zero_();
   if (M == 0 || G == 0) return;
   MK_DISPATCH_FLOAT(permuted_x.scalar_type(), op, [&] {
-    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early).
+    // Segment sizes stay on the device: bound every segment by M rows (tiles past a segment exit early). The
+    // rows expected per expert: M over every bucket of expert_offsets (other ranks' experts included).
     moe_detail::expert_ffn<scalar_t>(op, out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), G, M, w1, w2, w3,
-                                     ctx.stream());
+                                     ctx.stream(), ceil_div(M, expert_offsets.size(0) - 1));
   });
 }
 

@@ -12,6 +12,9 @@
 
 namespace mk::inline MK_ABI {
 
+// The SwiGLU rule, written once (also the epilogue of grouped_gemm_tc.cuh): silu(gate) · up in fp32.
+__device__ __forceinline__ float swiglu(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256)
 silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t I) {
@@ -24,8 +27,7 @@ silu_and_mul_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t I) {
   V o;
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const float g = simt::to_float(a.v[j]);
-    o.v[j] = simt::from_float<T>(g / (1.f + expf(-g)) * simt::to_float(b.v[j]));
+    o.v[j] = simt::from_float<T>(swiglu(simt::to_float(a.v[j]), simt::to_float(b.v[j])));
   }
   reinterpret_cast<V*>(out + row * I)[i] = o;
 }

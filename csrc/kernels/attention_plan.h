@@ -17,12 +17,17 @@
 // range (so it fits the kernel's int and a huge value means "one partition", not zeros).
 //
 // Prefill work list (paged_prefill.cuh, paged_prefill_tc.cuh). Sequence b has q_b·G query rows (token ×
-// GQA head) in ceil(q_b·G / BM) tiles. Sequence b's tiles start at grid index
-//   T(b) = floor(cu[b] · G / BM) + b          (cu = cu_seqlens_q; T(b+1) - T(b) ≥ ceil(q_b·G / BM))
-// which a block recovers from cu_seqlens_q alone by a binary search over b (prefill_locate_tile): no
-// planning pass and no sync, and the grid is T(B) = floor(Tq·G / BM) + B blocks — at most B more than the
-// tiles that exist (the old grid gave every sequence the tiles of the whole batch: 64 sequences of 512
-// tokens launched 64× too many blocks).
+// GQA head) in prefill_tiles(q_b) = ceil(q_b·G / BM) tiles. The work list numbers the tiles sequence after
+// sequence: item E(b) + i is tile i of sequence b, E(b) = Σ_{c<b} prefill_tiles(q_c) — exactly one item
+// per existing (sequence, tile) pair, none for a sequence without new tokens. The kernels find an item's
+// (b, tile) with a warp scan over cu_seqlens_q (prefill_find_item, paged_prefill.cuh; prefill_item below
+// is the same map on the host, for tests/plan): no planning pass, no host read, no sync.
+// Grid: prefill_grid = ceil(Tq·G / BM) blocks, sized from q's shape alone. Since Σ_b ceil(q_b·G / BM) ≥
+// ceil(Σ_b q_b·G / BM), the grid never exceeds the items: NO block is empty. Block x takes items x,
+// x + grid, x + 2·grid, ...: the grid equals the item count when the sequences fill whole tiles (64
+// sequences of 512 tokens, G = 4, BM = 64: 2048 blocks for 2048 tiles), else up to B - 1 items (the
+// sequences' partial last tiles) are second items of some blocks. (The old grid gave every sequence the
+// tiles of the whole batch: 64 sequences of 512 tokens launched 64× the blocks, < 2 % of them working.)
 #pragma once
 
 #include <algorithm>
@@ -41,7 +46,7 @@
 namespace mk::inline MK_ABI {
 
 inline constexpr int64_t kMaxGridYZ = 65535;          // CUDA's limit of gridDim.y and gridDim.z
-inline constexpr int64_t kDecodeMinPartition = 32;    // keys: one 8-key step of each of the 4 warps
+inline constexpr int64_t kDecodeMinPartition = 32;    // keys: one 8-key chunk of each of the 4 warps (D 128, 16-bit)
 inline constexpr int64_t kDecodeBlocksPerSm = 2;      // the automatic plan's occupancy target
 
 struct DecodePlan {
@@ -68,23 +73,23 @@ constexpr DecodePlan decode_plan(int64_t B, int64_t head_blocks, int64_t range, 
   return {part, P, B * head_blocks * P};
 }
 
-// Prefill: first grid index of sequence b's tiles (cu_b = cu_seqlens_q[b]); T(B) is the grid size.
-MK_PLAN_HD constexpr int64_t prefill_tile_start(int64_t cu_b, int64_t b, int G, int BM) { return cu_b * G / BM + b; }
+// Prefill: tiles of a sequence with q new tokens; the grid of a call with Tq packed tokens (≤ the items).
+MK_PLAN_HD constexpr int64_t prefill_tiles(int64_t q, int G, int BM) { return (q * G + BM - 1) / BM; }
+MK_PLAN_HD constexpr int64_t prefill_grid(int64_t Tq, int G, int BM) { return prefill_tiles(Tq, G, BM); }
 
-// Sequence b and tile of grid index t (binary search over cu[0..B]); false for an index past its
-// sequence's tiles (an idle block: at most one per sequence) — the kernels return at once then.
+// Host reference of the work list's map: item t → (sequence b, tile); false when t ≥ the item count.
 template <typename Index>
-MK_PLAN_HD constexpr bool prefill_locate_tile(const Index* cu, int B, int64_t t, int G, int BM, int& b, int& tile) {
-  int lo = 0, hi = B - 1;  // the last b with T(b) <= t
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (prefill_tile_start(cu[mid], mid, G, BM) <= t) lo = mid;
-    else hi = mid - 1;
+constexpr bool prefill_item(const Index* cu, int B, int64_t t, int G, int BM, int& b, int& tile) {
+  for (int64_t base = 0, c = 0; c < B; ++c) {
+    const int64_t n = prefill_tiles(cu[c + 1] - cu[c], G, BM);
+    if (t < base + n) {
+      b = static_cast<int>(c);
+      tile = static_cast<int>(t - base);
+      return true;
+    }
+    base += n;
   }
-  b = lo;
-  tile = static_cast<int>(t - prefill_tile_start(cu[lo], lo, G, BM));
-  const int64_t rows = static_cast<int64_t>(cu[lo + 1] - cu[lo]) * G;
-  return tile >= 0 && static_cast<int64_t>(tile) * BM < rows;  // (tile < 0 only for a cu[0] ≠ 0 no check caught)
+  return false;
 }
 
 }  // namespace mk::inline MK_ABI

@@ -8,8 +8,9 @@
 // Tiles BM × BN, K in steps of BK through shared memory (fp32), fp32 accumulation, 256 threads as 16 × 16,
 // thread (ty, tx) owning rows ty + 16·i and columns tx + 16·j (conflict-free shared reads).
 // Tile scheduler, no host sync: grid.y strides over "slots" = an upper bound of the M-tiles of all groups,
-// ceil(M / BM) + G; each block walks the offsets to map its slot to (group, first row) and exits when the
-// slot lies past the last tile. Empty groups therefore cost one offsets walk per block.
+// grouped_slots = floor(M / BM) + min(G, M); each block walks the offsets (grouped_tile) to map its slot to
+// (group, first row) and exits when the slot lies past the last tile. Empty groups cost one offsets walk
+// per block. fp16 / bf16 expert projections run grouped_gemm_tc.cuh (tensor cores) where it applies.
 // BM = 16 for decode-sized segments (≤ 16 rows per group), 64 otherwise.
 // Bound: a SIMT kernel (no tensor cores): for decode it streams the touched experts' weights once
 // (memory-bound, ~N·K·sizeof(T) per group hit); for prefill it reaches a fraction of the FMA peak.
@@ -19,6 +20,40 @@
 #include "common.cuh"
 
 namespace mk::inline MK_ABI {
+
+// The tile scheduler of the grouped GEMMs (this file and grouped_gemm_tc.cuh), written once: M-tile `slot`
+// (counted over the groups in order, ceil(rows_g / BM) tiles each) → its group g and rows [row0, row_end),
+// row_end the end of g's segment; false when slot lies past the last tile. Offsets are clamped into [0, M],
+// so a corrupt offsets tensor can only mis-assign rows, never reach outside A or C.
+// offsets = nullptr: one group covering [0, M).
+// Example: offsets [0, 3, 3, 40], BM 16 → slot 0: g 0 rows [0, 3); slot 1: g 2 rows [3, 19); slot 2: g 2
+// rows [19, 35) (row_end 40); slot 3: g 2 rows [35, 40); slot 4: false.
+MK_HD bool grouped_tile(const int64_t* offsets, int G, int64_t M, int BM, int64_t slot, int& g, int64_t& row0,
+                        int64_t& row_end) {
+  int64_t seen = 0;
+  for (int gg = 0; gg < G; ++gg) {
+    int64_t lo = offsets ? offsets[gg] : 0, hi = offsets ? offsets[gg + 1] : M;
+    lo = lo < 0 ? 0 : (lo > M ? M : lo);
+    hi = hi < lo ? lo : (hi > M ? M : hi);
+    const int64_t tiles = (hi - lo + BM - 1) / BM;
+    if (slot < seen + tiles) {
+      g = gg;
+      row0 = lo + (slot - seen) * BM;
+      row_end = hi;
+      return true;
+    }
+    seen += tiles;
+  }
+  return false;
+}
+
+// Upper bound of the M-tiles over all groups (the grid's slot count). With offsets: a segment of r rows has
+// ceil(r / BM) ≤ floor(r / BM) + 1 tiles, the floors sum to at most floor(M / BM) and at most min(G, M)
+// segments are non-empty (segments are disjoint: the wrappers check offsets). Decode T = 1, k = 2: M = 2 →
+// 0 + 2 slots, both used.
+MK_HD int64_t grouped_slots(int64_t M, int64_t G, int BM, bool has_offsets) {
+  return has_offsets ? M / BM + (G < M ? G : M) : ceil_div(M, BM);
+}
 
 inline constexpr int kGemmThreads = 256;
 inline constexpr int kGemmBK = 32;
@@ -35,22 +70,9 @@ grouped_gemm_nt_kernel(T* __restrict__ C, int64_t ldc, const T* __restrict__ A, 
 
   for (int64_t slot = blockIdx.y; slot < slots; slot += gridDim.y) {
     // slot → (group, row0): every thread computes the same answer, so the exit below is block-uniform.
-    int g = -1;
-    int64_t row0 = 0, row_end = 0, seen = 0;
-    for (int gg = 0; gg < G; ++gg) {
-      int64_t lo = offsets ? offsets[gg] : 0, hi = offsets ? offsets[gg + 1] : M;
-      lo = lo < 0 ? 0 : (lo > M ? M : lo);
-      hi = hi < lo ? lo : (hi > M ? M : hi);
-      const int64_t tiles = (hi - lo + BM - 1) / BM;
-      if (slot < seen + tiles) {
-        g = gg;
-        row0 = lo + (slot - seen) * BM;
-        row_end = hi;
-        break;
-      }
-      seen += tiles;
-    }
-    if (g < 0) break;  // past the last tile of the last group
+    int g;
+    int64_t row0, row_end;
+    if (!grouped_tile(offsets, G, M, BM, slot, g, row0, row_end)) break;  // past the last tile
 
     const T* Wg = W + static_cast<int64_t>(g) * N * K;
     float acc[TM][TN];
@@ -111,7 +133,7 @@ cudaError_t launch_grouped_gemm_nt(T* C, int64_t ldc, const T* A, int64_t lda, c
   const int64_t n_tiles = ceil_div(N, BN);
   if (n_tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
   auto go = [&](auto kernel, int BM) {
-    const int64_t slots = ceil_div(M, BM) + (offsets ? G : 0);
+    const int64_t slots = grouped_slots(M, G, BM, offsets != nullptr);
     const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(slots < 65535 ? slots : 65535));
     return simt::launch(kernel, grid, block, 0, stream, C, ldc, A, lda, W, offsets, G, M, N, K, slots);
   };

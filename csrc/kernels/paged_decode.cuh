@@ -15,32 +15,43 @@
 // the partitions instead of leaving all but the first one idle.
 //
 // Grid (Hkv·ceil(G/GC), B, P), 4 warps (B in chunks of ≤ 65535 launches, p.b0 the chunk's first sequence;
-// P and the partition size from decode_plan, attention_plan.h; partitions past a sequence's keys exit at once). Each block streams its partition's K/V rows ONCE for all GC q
-// heads of its kv head (native GQA: q heads held in registers). Within a warp, a key is handled by TPK
-// lanes (TPK = D/VEC rounded up to a power of two), each loading 16-byte vectors (VEC = 16/sizeof(T)
-// elements) of K and V, so a warp reads 32/TPK whole rows per step and the 4 warps interleave steps:
-// fully coalesced, no shared memory or barrier in the main loop. Every lane group keeps its own
-// online-softmax state (OnlineSoftmax: running max m, sum l; accumulator acc, fp32); the states are merged with
-// shuffles across groups, then across warps through shared memory — a fixed order, so the result is
-// bit-identical run to run. With P > 1 each block writes its normalised partial output and (m, l);
-// paged_decode_reduce_kernel merges the P partials in partition order.
+// P and the partition size from decode_plan, attention_plan.h; partitions past a sequence's keys exit at
+// once). Each block streams its partition's K/V rows ONCE for all GC q heads of its kv head (native GQA:
+// q heads held in registers). Within a warp, a key is handled by TPK lanes (TPK = D/VEC rounded up to a
+// power of two), each loading 16-byte vectors (VEC = 16/sizeof(T) elements) of K and V, so a warp step
+// reads KPW = 32/TPK whole rows; no shared memory or barrier in the main loop.
+// Main loop: warp w walks chunks of CW = U·KPW consecutive keys (U = 4 steps), the 4 warps side by side
+// (chunk c0 = kbeg + w·CW, then + 4·CW). Per chunk every lane first issues the K and V loads of all U
+// steps — 2·U·VPL independent 16-byte loads in flight before the first dependent FMA — then does the
+// math. Block table: each lane holds one block id of a 32-block window of the sequence's table row (one
+// coalesced warp read when a chunk leaves the window: once per block and warp, not per key); a key's
+// block id comes by a shuffle, its block and in-block offset by 32-bit math (j / S, j - lb·S), only the
+// element offset of the row is 64-bit.
+// Every lane group keeps its own online-softmax state (OnlineSoftmax: running max m, sum l; accumulator
+// acc, fp32); the states are merged with shuffles across groups, then across warps through shared memory
+// — a fixed order, so the result is bit-identical run to run. With P > 1 each block writes its normalised
+// partial output and (m, l); paged_decode_reduce_kernel merges the P partials in partition order.
 // Keys outside [first, pos] are never loaded: garbage/NaN in unused cache slots cannot leak.
 //
-// Roofline: memory-bound. Bytes = Σ_b visible_keys_b · Hkv · D · 2 · sizeof(T) (K and V, read once) +
-// 2·B·Hq·D·sizeof(T); FLOPs ≈ 4 · that/sizeof(T) · G/2 — arithmetic intensity ≈ G/sizeof(T) FLOP/byte
-// (≤ 4 for bf16, G ≤ 8), far below an A100's ~150 FLOP/byte, so the bound is HBM bandwidth.
+// Roofline: memory-bound. Bytes per call = Σ_b visible_keys_b · Hkv · D · 2 · sizeof(T) (K and V, read
+// once; GC = 4 of a G = 8 group: the second block's reads mostly hit L2) + 2·B·Hq·D·sizeof(T) (q, out)
+// + with P > 1 the workspace, written and read once: 2 · B·Hq·P·(D + 2)·4. FLOPs ≈ 4 · Σ_b keys_b · Hq · D:
+// arithmetic intensity ≈ G / sizeof(T) FLOP/byte (≤ 4 for bf16, G ≤ 8), far below an A100's ~150
+// FLOP/byte, so the bound is HBM bandwidth.
 //
-// Design estimate (not measured: no GPU has run this version yet; benchmarks/bench_attention.py
-// --device cuda measures it). Mistral 7B (Hkv = 8, D = 128, bf16), one layer, one decode step:
-//   B = 1, 4k context: K+V = 4096 · 8 · 128 · 2 · 2 B = 16.8 MB → 5.0 µs at an H100's ~3.35 TB/s;
-//     split-K workspace (43 partitions · 32 heads · 128 · 4 B · 2) ≈ 1.4 MB more (8 %).
-//   B = 64, 4k context: 1.07 GB → 320 µs at 3.35 TB/s; one partition per block (no workspace).
-// Expected: ≥ 70 % of the HBM bandwidth for ≥ 2k-key contexts once ≥ 2 blocks per SM are busy
-// (attention_plan.h picks the partitions for that) and each lane keeps U = 4 key steps of K and V loads
-// in flight: 16-byte loads, 8 per lane before the first dependent FMA, ≈ 16 KiB in flight per block, 3
-// blocks per SM (__launch_bounds__; ptxas sm_90, D = 128 bf16: 166 registers for GC = 4, no spills). Below ~512 keys the step is
-// launch- and latency-bound (a few µs whatever the kernel does): the CUDA graphs of
-// mistral_kernels/decode_graphs.py remove the launch overhead there.
+// Design estimate (NOT measured: no GPU has run this version; benchmarks/bench_attention.py --device cuda
+// measures it). Mistral 7B (32 layers, Hkv = 8, D = 128, bf16: 4 KiB of K+V per token and layer):
+//   B = 1, 4k context: K+V 16.8 MB per layer (537 MB per decode step, 32 layers) + split-K workspace
+//     (43 partitions · 32 heads · 130 · 4 B, written and read) 1.4 MB (8 %) → ≈ 5.4 µs per layer at an
+//     H100's ~3.35 TB/s;
+//   B = 64, 4k context: 1.07 GB per layer → ≈ 320 µs at 3.35 TB/s; one partition per block (no workspace).
+// In flight per SM (D = 128 bf16, VPL = 1): 3 blocks (__launch_bounds__; ptxas sm_80 / sm_90: ≤ 168
+// registers for every instance, no spills) · 128 threads · 8 loads · 16 B = 48 KiB, about 3× what Little's
+// law asks at ~3.35 TB/s and ~0.6 µs latency over 132 SMs (≈ 15 KiB per SM). Expected: 70–85 % of the HBM
+// bandwidth (the range a streaming copy kernel reaches) for ≥ 2k-key contexts once ≥ 2 blocks per SM are
+// busy (attention_plan.h plans the partitions for that); the split-K workspace and the reduce launch cost
+// the rest at batch 1. Below ~512 keys the step is launch- and latency-bound (a few µs whatever the kernel
+// does): the CUDA graphs of mistral_kernels/decode_graphs.py remove the launch overhead there.
 #pragma once
 
 #include "../simt/portable.cuh"
@@ -147,19 +158,36 @@ paged_decode_kernel(const DecodeParams<T> p) {
   }
 
   const PagedKV<const T> kv = p.sequence(b, kvh, D);
-  // U key steps per iteration: every lane first issues the K and V loads of all U steps (2·U·VPL 16-byte
-  // loads in flight), then does the math. j0 is uniform across the warp: every lane runs the same
-  // iterations and steps (full-warp shuffles inside); a key past kend is invalid, its lanes load nothing.
-  constexpr int U = 4, STEP = NW * KPW;
-  for (int j0 = kbeg + warp * KPW; j0 < kend; j0 += U * STEP) {
+  // Warp w walks chunks of CW = U·KPW consecutive keys, c0 = kbeg + w·CW, + NW·CW per iteration; within a
+  // chunk, step u covers keys c0 + u·KPW + [0, KPW), lane group kslot takes one. Every lane first issues the
+  // K and V loads of all U steps (2·U·VPL 16-byte loads in flight), then does the math. c0 is uniform across
+  // the warp: every lane runs the same iterations and steps (full-warp shuffles inside); a key past kend is
+  // invalid, its lanes load nothing.
+  // Block table: lane l holds the id of logical block tb + l (a window of 32 blocks, int32, loaded with one
+  // coalesced warp read when the chunk leaves it — once per block and warp, not per key), -1 past the
+  // sequence's blocks or outside [0, N). A key j then needs only 32-bit math: lb = j / S, offset j - lb·S,
+  // its block id by a shuffle from lane lb - tb; the 64-bit element offset comes last.
+  constexpr int U = 4, CW = U * KPW;
+  static_assert(CW <= 32, "a chunk spans at most CW blocks: the 32-block window always holds them");
+  const int S = kv.block_size;
+  const int nblk = (kend - 1) / S + 1;  // logical blocks holding keys < kend
+  int tb = -64, bid = -1;               // window start (none yet: the first chunk loads it)
+  for (int c0 = kbeg + warp * CW; c0 < kend; c0 += NW * CW) {
+    if ((min(c0 + CW, kend) - 1) / S >= tb + 32) {  // warp-uniform
+      tb = c0 / S;
+      const int lb = tb + lane;
+      bid = lb < nblk ? kv.block_table[lb] : -1;
+      if (bid >= kv.num_blocks) bid = -1;
+    }
     V kr[U][VPL], vr[U][VPL];
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * STEP + kslot;
-      const int64_t slot = j < kend ? kv.slot(j) : -1;  // -1 for block ids outside [0, N) too
-      valid[u] = slot >= 0;
-      const int64_t base = valid[u] ? kv.row(slot) : 0;
+      const int j = c0 + u * KPW + kslot;
+      const int lb = j / S;
+      const int blk = simt::shfl(bid, (lb - tb) & 31);  // all lanes shuffle; used only for j < kend
+      valid[u] = j < kend && blk >= 0;
+      const int64_t base = valid[u] ? kv.row(static_cast<int64_t>(blk) * S + (j - lb * S)) : 0;
 #pragma unroll
       for (int i = 0; i < VPL; ++i) {
         const int v = sub + i * TPK;

@@ -10,9 +10,10 @@
 // This SIMT kernel serves fp32 and every call the tensor-core kernel (paged_prefill_tc.cuh) does not take
 // (its fallback rule: paged_prefill_tc_supported).
 //
-// Grid (floor(Tq·G/BM) + B, Hkv); 4 warps. A block finds its (sequence, tile) from cu_seqlens_q
-// (prefill_locate_tile, attention_plan.h: a work list of the tiles that exist, no planning pass, no sync);
-// at most one block per sequence finds none and exits at once. The rows of a tile are (token, q head)
+// Grid (ceil(Tq·G/BM), Hkv); 4 warps. The work list of attention_plan.h holds exactly the (sequence,
+// tile) pairs that exist; block x runs items x, x + grid, ... (prefill_find_item: a warp scan of
+// cu_seqlens_q, no planning pass, no sync); the grid never exceeds the items, so no block is empty.
+// The rows of a tile are (token, q head)
 // pairs of ONE kv head, token-major (row r → token r / G, head r % G): the G heads of a GQA group share
 // every K/V tile, so K/V is read once per kv head and query tile.
 // Per K/V tile: the block gathers BN keys' K and V rows through the block table into shared memory
@@ -56,14 +57,42 @@ __host__ __device__ constexpr size_t prefill_smem_bytes(int D) {
          static_cast<size_t>(kPrefillWarps) * 16 * kPrefillBN * sizeof(float);
 }
 
+// Work item t → (sequence b, tile) of the work list (attention_plan.h; prefill_item is the host
+// reference): each warp scans cu_seqlens_q 32 sequences at a time — lane l takes sequence c + l's tile
+// count, an inclusive prefix sum by shuffles, a ballot finds the sequence holding t. False when t is past
+// the last item. All 32 lanes of a warp call it (warps independently: no block barrier).
+template <typename Index>
+__device__ __forceinline__ bool prefill_find_item(const Index* cu, int B, int t, int G, int BM, int& b, int& tile) {
+  const int lane = threadIdx.x & 31;
+  int base = 0;  // items of the sequences before c
+  for (int c = 0; c < B; c += 32) {  // warp-uniform
+    const int s = c + lane;
+    const int own = s < B ? static_cast<int>(prefill_tiles(cu[s + 1] - cu[s], G, BM)) : 0;
+    int incl = own;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int up = simt::shfl_up(incl, d);
+      if (lane >= d) incl += up;
+    }
+    const int chunk = simt::shfl(incl, 31);
+    if (t < base + chunk) {  // warp-uniform
+      const int hit = __popc(simt::ballot(base + incl <= t));  // the lanes before the one holding t
+      b = c + hit;
+      tile = t - base - simt::shfl(incl - own, hit);
+      return true;
+    }
+    base += chunk;
+  }
+  return false;
+}
+
+// One work item: (sequence b, tile) of kv head blockIdx.y (see the header).
 template <typename T, int D>
-__global__ void __launch_bounds__(kPrefillWarps * 32)
-paged_prefill_kernel(const PrefillParams<T> p, int B) {
+__device__ __forceinline__ void paged_prefill_tile(const PrefillParams<T>& p, int b, int tile, unsigned char* smem) {
   constexpr int BM = kPrefillBM, BN = kPrefillBN, VEC = kVec16<T>, NV = D / VEC, NT = BN / 8, OT = D / 8;
   constexpr float kNegInf = -INFINITY;
   static_assert(D % 8 == 0 && BM == kPrefillWarps * 16, "tile shape");
   using V = Vec<T, VEC>;
-  SIMT_DYN_SMEM(unsigned char, smem);
   T* Qs = reinterpret_cast<T*>(smem);                   // [BM][D]
   T* Ks = Qs + BM * D;                                  // [BN][D]
   T* Vs = Ks + BN * D;                                  // [BN][D]
@@ -71,8 +100,6 @@ paged_prefill_kernel(const PrefillParams<T> p, int B) {
 
   const int kvh = blockIdx.y;
   const int G = p.Hq / p.Hkv;
-  int b, tile;
-  if (!prefill_locate_tile(p.cu_seqlens_q, B, blockIdx.x, G, BM, b, tile)) return;  // uniform for the block
   const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
   const int64_t len = p.seq_lens[b];
   const int rows = qlen * G, r0 = tile * BM;
@@ -219,10 +246,26 @@ paged_prefill_kernel(const PrefillParams<T> p, int B) {
   }
 }
 
+// Grid (prefill_grid, Hkv): block x runs the work items x, x + gridDim.x, ... (never none, see the header).
+// 2 resident blocks: up to 255 registers. Without the hint ptxas capped fp32 D 96 at 168 registers and
+// spilled once the kernel looped over work items (ptxas sm_80 / sm_90: 120-237 registers, no spills).
+template <typename T, int D>
+__global__ void __launch_bounds__(kPrefillWarps * 32, 2)
+paged_prefill_kernel(const PrefillParams<T> p, int B) {
+  SIMT_DYN_SMEM(unsigned char, smem);
+  const int G = p.Hq / p.Hkv;
+  int b, tile;
+#pragma unroll 1
+  for (int t = blockIdx.x; prefill_find_item(p.cu_seqlens_q, B, t, G, kPrefillBM, b, tile); t += gridDim.x) {
+    if (t != static_cast<int>(blockIdx.x)) __syncthreads();  // the previous item is done with shared memory
+    paged_prefill_tile<T, D>(p, b, tile, smem);
+  }
+}
+
 template <typename T, int D>
 cudaError_t launch_paged_prefill_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(static_cast<unsigned>(prefill_tile_start(Tq, B, G, kPrefillBM)), static_cast<unsigned>(p.Hkv));
+  const dim3 grid(static_cast<unsigned>(prefill_grid(Tq, G, kPrefillBM)), static_cast<unsigned>(p.Hkv));
   return simt::launch(paged_prefill_kernel<T, D>, grid, dim3(kPrefillWarps * 32), prefill_smem_bytes<T>(D), stream,
                       p, B);
 }

@@ -12,8 +12,9 @@
 // Sequence b's q_b new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query at position p
 // sees keys first_visible_key(p, W) ≤ j ≤ p (common.cuh; W = window, 0 = none).
 //
-// Grid (floor(Tq·G/BM) + B, Hkv), 4 warps; a block's (sequence, tile) comes from the work list of
-// attention_plan.h (prefill_locate_tile), at most one idle block per sequence. GQA packing: the rows of a
+// Grid (ceil(Tq·G/BM), Hkv), 4 warps; block x runs the items x, x + grid, ... of the work list of
+// attention_plan.h (exactly the (sequence, tile) pairs that exist; prefill_find_item, paged_prefill.cuh):
+// no block is empty. GQA packing: the rows of a
 // block are (token, q head) pairs of ONE kv head, token-major (row r → token r / G, head r % G), so the G
 // q heads of a kv head share every K/V tile loaded into shared memory.
 // Tile skipping: the keys any row of the block sees form one range [kstart, kend) (first row's window
@@ -74,11 +75,12 @@
 #include "../simt/portable.cuh"
 #include "common.cuh"
 #include "paged_prefill.cuh"
+#include "tc_fragments.cuh"
 
 namespace mk::inline MK_ABI {
 
 template <typename T>
-inline constexpr bool kPrefillTcType = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+inline constexpr bool kPrefillTcType = kTcType<T>;
 
 template <int D>
 struct PrefillTcTile {
@@ -103,51 +105,6 @@ struct PrefillTcTile {
   }
 };
 
-// d += a·b on the tensor cores, in T's 16-bit format.
-template <typename T>
-__device__ __forceinline__ void tc_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (std::is_same_v<T, __half>) simt::mma_m16n8k16_f16(d, a, b, d);
-  else simt::mma_m16n8k16_bf16(d, a, b, d);
-}
-template <typename T>
-__device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) return simt::pack_half2(lo, hi);
-  else return simt::pack_bf16x2(lo, hi);
-}
-
-// Fragment addressing shared by the kernel and tests/emu/test_prefill_tc_fragments.cpp. `base` points at
-// element [row0][col0] of a row-major shared tile with row stride `ld` elements; lane = 0…31.
-// A operand (16×16 at rows row0…+15, cols col0…+15), ldmatrix.x4 → a[0..3]:
-//   lanes 0-15 → rows 0-15 at col 0, lanes 16-31 → rows 0-15 at col 8.
-template <typename T>
-__device__ __forceinline__ const T* tc_a_row(const T* base, int ld, int lane) {
-  return base + (lane & 15) * ld + (lane >> 4) * 8;
-}
-// B operand from a [n][k] tile (K rows: n = key, k = d), two 8-wide n-tiles × one 16-deep k-step,
-// ldmatrix.x4 (non-trans) → {r0, r1} = b of n-tile 0, {r2, r3} = b of n-tile 1:
-//   matrix 0: n 0-7 k 0-7, 1: n 0-7 k 8-15, 2: n 8-15 k 0-7, 3: n 8-15 k 8-15 (lanes 8i…8i+7 → matrix i).
-template <typename T>
-__device__ __forceinline__ const T* tc_b_nk_row(const T* base, int ld, int lane) {
-  return base + ((lane & 7) + ((lane >> 4) << 3)) * ld + ((lane >> 3) & 1) * 8;
-}
-// B operand from a [k][n] tile (V rows: k = key, n = d), one 16-deep k-step × two 8-wide n-tiles,
-// ldmatrix.x4.trans → {r0, r1} = b of n-tile 0, {r2, r3} = b of n-tile 1:
-//   matrix 0: k 0-7 n 0-7, 1: k 8-15 n 0-7, 2: k 0-7 n 8-15, 3: k 8-15 n 8-15.
-template <typename T>
-__device__ __forceinline__ const T* tc_b_kn_row(const T* base, int ld, int lane) {
-  return base + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld + (lane >> 4) * 8;
-}
-// The P·V A operand of k-step k from the fp32 S accumulators of n-tiles 2k (lo) and 2k+1 (hi):
-// accumulator c[0..1] = row g, c[2..3] = row g+8 → a[0] = P[g][2t..], a[1] = P[g+8][2t..],
-// a[2] = P[g][2t+8..], a[3] = P[g+8][2t+8..].
-template <typename T>
-__device__ __forceinline__ void tc_acc_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = tc_pack<T>(lo[0], lo[1]);
-  a[1] = tc_pack<T>(lo[2], lo[3]);
-  a[2] = tc_pack<T>(hi[0], hi[1]);
-  a[3] = tc_pack<T>(hi[2], hi[3]);
-}
-
 // True (warp-uniform) when a key of the V tile Vs [BN][LD] (keys n0 …) that some valid row of the warp cannot
 // see — keys < lo_all (the window start of the warp's last row) or > hi_all (the position of its first
 // row) — holds a NaN or Inf: only then may the mma's p = 0 products leak (0·NaN). A tile every row sees
@@ -169,21 +126,18 @@ __device__ __forceinline__ bool tc_masked_v_nonfinite(const T* Vs, int n0, int l
   return simt::any(bad);
 }
 
+// One work item: (sequence b, tile) of kv head blockIdx.y (see the header).
 template <typename T, int D>
-__global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
-paged_prefill_tc_kernel(const PrefillParams<T> p, int B) {
+__device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p, int b, int tile, T* smem) {
   using C = PrefillTcTile<D>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, CH = C::CH, NT = C::NT, OT = C::OT;
   constexpr float kNegInf = -INFINITY, kLog2e = 1.4426950408889634f;
   using V16 = Vec<T, 8>;
-  SIMT_DYN_SMEM(T, smem);
   T* Qs = smem;             // [BM][LD]
   T* KVs = Qs + BM * LD;    // [2 stages][K, V][BN][LD]
 
   const int kvh = blockIdx.y;
   const int G = p.Hq / p.Hkv;
-  int b, tile;  // this block's work item (attention_plan.h); none: exit, uniform for the whole block
-  if (!prefill_locate_tile(p.cu_seqlens_q, B, blockIdx.x, G, BM, b, tile)) return;
   const int q0 = p.cu_seqlens_q[b], qlen = p.cu_seqlens_q[b + 1] - q0;
   const int rows = qlen * G, r0 = tile * BM;
   const int pos0 = p.seq_lens[b] - qlen;  // position of the sequence's first new token
@@ -399,11 +353,26 @@ inline bool paged_prefill_tc_supported(const PrefillParams<T>& p, int D) {
   return kPrefillTcType<T> && head_dim_supported(D) && aligned16(p.out);
 }
 
+// Grid (prefill_grid, Hkv): block x runs the work items x, x + gridDim.x, ... (never none, see the header).
+template <typename T, int D>
+__global__ void __launch_bounds__(PrefillTcTile<D>::THREADS, PrefillTcTile<D>::MIN_BLOCKS)
+paged_prefill_tc_kernel(const PrefillParams<T> p, int B) {
+  SIMT_DYN_SMEM(T, smem);
+  const int G = p.Hq / p.Hkv;
+  int b, tile;
+#pragma unroll 1
+  for (int t = blockIdx.x; prefill_find_item(p.cu_seqlens_q, B, t, G, PrefillTcTile<D>::BM, b, tile);
+       t += gridDim.x) {
+    if (t != static_cast<int>(blockIdx.x)) __syncthreads();  // the previous item's epilogue is done with shared memory
+    paged_prefill_tc_tile<T, D>(p, b, tile, smem);
+  }
+}
+
 template <typename T, int D>
 cudaError_t launch_paged_prefill_tc_d(const PrefillParams<T>& p, int64_t Tq, int B, cudaStream_t stream) {
   using C = PrefillTcTile<D>;
   const int G = p.Hq / p.Hkv;
-  const dim3 grid(static_cast<unsigned>(prefill_tile_start(Tq, B, G, C::BM)), static_cast<unsigned>(p.Hkv));
+  const dim3 grid(static_cast<unsigned>(prefill_grid(Tq, G, C::BM)), static_cast<unsigned>(p.Hkv));
   return simt::launch(paged_prefill_tc_kernel<T, D>, grid, dim3(C::THREADS), C::template smem_bytes<T>(), stream, p,
                       B);
 }

@@ -21,8 +21,9 @@ sequence 0 has 5 cached tokens, 2 new, blocks [7, 2]; sequence 1 is new with 3 t
     decode_only   = False
     num_decode    = 0      (leading sequences with exactly one new token: none here)
 
-A mixed step whose first sequences decode (the scheduler puts running requests first) sends those rows to
-the decode kernel (split-K over long contexts) and the rest to the prefill kernel: with sequences
+A mixed step whose first sequences decode sends those rows to the decode kernel (split-K over long
+contexts) and the rest to the prefill kernel. :class:`~mistral_kernels.runner.ModelRunner` builds every
+mixed step with all its single-token chunks first, so all decode rows take the decode kernel. With sequences
 [decode, decode, prefill chunk of 3], ``num_decode = 2`` and ``prefill_cu_seqlens_q = [0, 3]`` (the
 cu_seqlens_q of the sequences after them, from 0).
 
@@ -106,9 +107,9 @@ class AttentionBatch:
         num_cached : tokens of each sequence already in the cache
         num_new : new tokens of each sequence in this step (≥ 1)
         block_size : tokens per cache block
-        logits_sequences : the sequences b (increasing) whose last new token gets logits:
-            ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's last
-            token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
+        logits_sequences : distinct sequences b whose last new token gets logits, in the order of the logits
+            rows: ``logits_indices`` = their rows ``cu_seqlens_q[b+1] - 1``; ``range(B)`` = every sequence's
+            last token, ``[]`` = none; None leaves ``logits_indices`` None (logits for all T rows)
         num_blocks : physical blocks of the cache; when given, every block id of the tables must lie in
             [0, num_blocks) (ValueError otherwise)
         max_position : rows of the RoPE table; when given, every position must be below it
@@ -143,8 +144,8 @@ class AttentionBatch:
         logits_indices = None
         if logits_sequences is not None:
             rows = list(logits_sequences)
-            if any(not 0 <= r < b for r in rows) or rows != sorted(set(rows)):
-                raise ValueError(f"AttentionBatch.build: logits_sequences must be increasing ids in [0, {b}), "
+            if any(not 0 <= r < b for r in rows) or len(set(rows)) != len(rows):
+                raise ValueError(f"AttentionBatch.build: logits_sequences must be distinct ids in [0, {b}), "
                                  f"got {rows}")
             logits_indices = to_device([cu[r + 1] - 1 for r in rows], torch.int64, device)
         decode_only = all(n == 1 for n in num_new)

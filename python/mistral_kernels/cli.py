@@ -78,6 +78,15 @@ def add_prefix_caching_argument(p: argparse.ArgumentParser) -> None:
                    help="share the KV blocks of common prompt prefixes between requests (on)")
 
 
+def add_quant_arguments(p: argparse.ArgumentParser) -> None:
+    """``--dequantize`` and ``--quantize`` (generate, serve and info)."""
+    p.add_argument("--dequantize", action="store_true",
+                   help="dequantize a GGUF's quantized weights at load into --dtype instead of running them "
+                        "natively on their packed blocks")
+    p.add_argument("--quantize", choices=("int8",), default=None,
+                   help="quantize every weight matrix at load: int8 = int8 weight-only, one scale per output row")
+
+
 def add_moe_parallel_argument(p: argparse.ArgumentParser) -> None:
     """``--moe-parallel`` (generate and serve)."""
     p.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
@@ -146,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
                    help="token budget per engine step = prefill chunk size (512)")
     add_prefix_caching_argument(g)
+    add_quant_arguments(g)
     g.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
     g.add_argument("--tp", type=_positive(int), default=1,
@@ -157,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
     add_serve_arguments(serve, _positive, sorted(_DTYPES))
     add_prefix_caching_argument(serve)
+    add_quant_arguments(serve)
     add_moe_parallel_argument(serve)
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token, "
@@ -169,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "for N tensor-parallel ranks")
     i.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
                    help="MoE split for --tp (expert, default)")
+    add_quant_arguments(i)
     return parser
 
 
@@ -256,7 +268,7 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
                   progress=not quiet, prefix_caching=args.enable_prefix_caching,
-                  enforce_eager=args.enforce_eager)
+                  enforce_eager=args.enforce_eager, quantized=not args.dequantize, quantize=args.quantize)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
@@ -300,6 +312,7 @@ def _info(args: argparse.Namespace) -> int:
     else:
         path = Path(args.model)
     from .config import load_config
+    from .weight_footprint import weight_footprint
     from .weights import default_dtype
 
     try:
@@ -316,7 +329,15 @@ def _info(args: argparse.Namespace) -> int:
         print(f"  {key}: {value}")
     print(f"parameters: total {total:,} ({total / 1e9:.3f} B), active per token {active:,} ({active / 1e9:.3f} B)")
     name = str(dtype).removeprefix("torch.")
-    print(f"weights: {total * elem / 2**30:.3f} GiB in {name}")
+    try:
+        footprint = weight_footprint(path, dtype, quantized=not args.dequantize, quantize=args.quantize)
+    except ValueError as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    print("stored formats: " + _format_table(footprint.stored))
+    print(f"weights as loaded: {footprint.bytes / 2**30:.3f} GiB, {footprint.bytes / max(1, total):.3f} bytes per "
+          f"parameter: " + _format_table(footprint.loaded))
+    print(f"weights dequantized: {total * elem / 2**30:.3f} GiB in {name}")
     print(f"FLOPs per token: {c.flops_per_token(1):,} at context 1, {c.flops_per_token(args.context):,} at "
           f"context {args.context}")
     window = f" (sliding window {c.sliding_window}: at most {c.sliding_window * kv / 2**20:.1f} MiB per sequence)" \
@@ -352,6 +373,13 @@ def _cpu_isa_line() -> str:
         return f"CPU ISA: error: {e}"
     how = f"forced by MK_CPU_ISA={forced}" if forced else "best this CPU supports"
     return f"CPU ISA: {level} ({how}; this CPU: {supported})"
+
+
+def _format_table(table: dict[str, list[int]]) -> str:
+    """``Q4_1 106,168,320 params 0.625 B/param, float32 …`` (formats by bytes, largest first)."""
+    rows = sorted(table.items(), key=lambda kv: -kv[1][1])
+    return ", ".join(f"{k} {p:,} params {b / 2**20:,.1f} MiB" + (f" ({b / p:.4g} B/param)" if p else "")
+                     for k, (p, b) in rows)
 
 
 def _dtype(name: str) -> torch.dtype | None:

@@ -28,7 +28,8 @@ import torch
 
 from .errors import CheckpointError
 from .gguf_metadata import read_gguf_header
-from .tensor_io import Index, TensorInfo, gguf_tensors, map_tensors, read_into, safetensors_tensors, selected_shape
+from .tensor_io import (Index, TensorInfo, gguf_tensors, map_packed, map_tensors, read_into, read_packed,
+                        safetensors_tensors, selected_shape)
 
 __all__ = ["FORMATS", "CheckpointError", "Index", "TensorInfo", "TensorSource", "detect_format", "open_tensors",
            "read_json"]
@@ -43,7 +44,8 @@ class TensorSource:
     ``read_into(name, out, index=None)`` fills ``out`` with the tensor (or the part ``index`` selects) in
     ``out``'s dtype and device; ``read(name, index=None)`` returns a new tensor of the stored dtype (fp32 for
     GGUF quantized types); ``map(names, dtype)`` views tensors stored back to back in ``dtype`` through a
-    private memory map (:func:`mistral_kernels.tensor_io.map_tensors`), or gives None. Use as a context
+    private memory map (:func:`mistral_kernels.tensor_io.map_tensors`), or gives None; ``map_packed(names)`` /
+    ``read_packed(name, out)`` give GGUF quantized tensors' stored blocks as bytes. Use as a context
     manager, or call :meth:`close`: it holds the files open (maps live on in the tensors viewing them).
     """
 
@@ -57,19 +59,31 @@ class TensorSource:
         except OSError as e:
             raise CheckpointError(f"{self.tensors[names[0]].file}: cannot map: {e}") from e
 
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: t.shape for name, t in self.tensors.items()}
+    def map_packed(self, names: list[str]) -> torch.Tensor | None:
+        try:
+            return map_packed([self.tensors[n] for n in names], self._maps)
+        except OSError as e:
+            raise CheckpointError(f"{self.tensors[names[0]].file}: cannot map: {e}") from e
 
-    def read_into(self, name: str, out: torch.Tensor, index: Index | None = None) -> None:
-        info = self.tensors[name]
+    def read_packed(self, name: str, out: torch.Tensor) -> None:
+        read_packed(self._fd(self.tensors[name]), self.tensors[name], out)
+
+    def _fd(self, info: TensorInfo) -> int:
         fd = self._fds.get(info.file)
         if fd is None:
             try:
                 fd = self._fds[info.file] = os.open(info.file, os.O_RDONLY)
             except OSError as e:
                 raise CheckpointError(f"{info.file}: cannot open: {e}") from e
-        read_into(fd, info, out, index)
+        return fd
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: t.shape for name, t in self.tensors.items()}
+
+    def read_into(self, name: str, out: torch.Tensor, index: Index | None = None) -> None:
+        info = self.tensors[name]
+        read_into(self._fd(info), info, out, index)
 
     def read(self, name: str, index: Index | None = None) -> torch.Tensor:
         info = self.tensors[name]

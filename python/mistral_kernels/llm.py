@@ -25,7 +25,8 @@ from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
 from .sampling import SamplingParams
 from .tokenization import Message, Tokenizer, load_tokenizer
-from .weights import default_dtype
+from .weight_footprint import weight_footprint
+from .weights import default_dtype, detect_format
 
 __all__ = ["LLM"]
 
@@ -50,6 +51,10 @@ class LLM:
     prefix_caching : share the KV blocks of common prompt prefixes between requests (:mod:`.cache`).
     enforce_eager : no CUDA graphs for decode steps (default False: on CUDA, decode steps replay one
         captured graph per batch-size bucket; see :mod:`mistral_kernels.decode_graphs`).
+    quantized : a GGUF's quantized matrices run natively on their packed blocks (default True); False
+        dequantizes them at load into ``dtype`` (the behaviour before native quantized kernels).
+    quantize : ``"int8"``: quantize every matrix at load to int8 weight-only (per output row scales; HF,
+        consolidated or GGUF checkpoints). None (default): keep the checkpoint's weights.
     """
 
     def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
@@ -57,7 +62,7 @@ class LLM:
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None, prefix_caching: bool = True,
-                 enforce_eager: bool = False) -> None:
+                 enforce_eager: bool = False, quantized: bool = True, quantize: str | None = None) -> None:
         if path is None:
             from .default_model import default_model_path
 
@@ -72,10 +77,14 @@ class LLM:
             if num_blocks is not None:  # an impossible pool fails before the weights load
                 check_kv_pool(config, dtype, device, num_blocks, block_size)
             blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
-            warning = memory_warning(config, dtype, device, blocks * block_size)
+            packed = quantize is not None or (quantized and detect_format(self.path) == "gguf")
+            weights = weight_footprint(self.path, dtype, quantized=quantized, quantize=quantize).bytes \
+                if packed else None  # dense: parameters × dtype size, no second header read
+            warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=weights)
             if warning is not None:
                 warnings.warn(warning, MemoryWarning, stacklevel=2)
-        self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel)
+        self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel,
+                                quantized=quantized, quantize=quantize)
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
         self.load_seconds = time.perf_counter() - t0
         if num_blocks is None:

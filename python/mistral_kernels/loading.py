@@ -19,7 +19,8 @@ __all__ = ["load_model"]
 
 
 def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-               progress: bool = False, parallel: ParallelContext | None = None) -> Model:
+               progress: bool = False, parallel: ParallelContext | None = None, quantized: bool = True,
+               quantize: str | None = None) -> Model:
     """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
 
     The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
@@ -28,9 +29,17 @@ def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: t
     ``dtype="auto"``; fp16 → bf16 on the CPU). ``progress`` shows a bar over the bytes read. With
     ``parallel`` each rank reads only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`)
     and gets a :class:`~mistral_kernels.parallel.ShardedModel`.
+
+    ``quantized`` (default True): a GGUF's matrices stay in their stored formats (packed, computed natively;
+    ``dtype`` sets activations, norms, embedding and KV cache); False dequantizes them all. ``quantize="int8"``:
+    every matrix becomes int8 weight-only (per output row scales). See :mod:`mistral_kernels.packed_load`.
+    With ``parallel`` the weights are dense (a GGUF is dequantized; ``quantize`` is refused).
     """
     if parallel is None:
-        config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress)
+        config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, quantized=quantized,
+                                          quantize=quantize)
         return Model(config, weights)
+    if quantize is not None:
+        raise ValueError("quantize (--quantize) is not supported with tensor parallelism (--tp)")
     config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, shard=parallel.shard)
     return ShardedModel(config, weights, parallel)

@@ -40,13 +40,15 @@ def available_memory(device: torch.device | str) -> int | None:
 
 
 def memory_warning(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, kv_tokens: int,
-                   available: int | None = None) -> str | None:
+                   available: int | None = None, weight_bytes: int | None = None) -> str | None:
     """A message when weights + a KV cache of ``kv_tokens`` tokens in ``dtype`` exceed ``available`` bytes
-    (default: :func:`available_memory`), else None. The message gives the numbers and what to change."""
+    (default: :func:`available_memory`), else None. The message gives the numbers and what to change.
+    ``weight_bytes``: the weights' size when known (packed formats,
+    :func:`mistral_kernels.weight_footprint.weight_footprint`); default parameters × dtype size."""
     available = available_memory(device) if available is None else available
     if available is None:
         return None
-    weights = config.num_parameters() * dtype.itemsize
+    weights = config.num_parameters() * dtype.itemsize if weight_bytes is None else weight_bytes
     kv = kv_tokens * config.kv_bytes_per_token(dtype)
     if weights + kv <= available:
         return None

@@ -34,6 +34,9 @@ import torch.nn.functional as F
 from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
+from .cpu_decode import FusedCpuDecode
+from .packed_moe import packed_moe
+from .quant_weight import PackedWeight, QuantizedWeight
 from .rope_scaling import RopeTable
 
 __all__ = ["DecoderLayer", "KVCache", "Model"]
@@ -73,7 +76,7 @@ class KVCache:
 class DecoderLayer:
     """RMSNorm → attention → fused add + RMSNorm → SwiGLU / MoE FFN, weights from the fused checkpoint."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int,
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight], index: int,
                  kernels: ModuleType) -> None:
         p = f"layers.{index}."
         self.config = config
@@ -124,6 +127,8 @@ class DecoderLayer:
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] (normed) → [T, H]: SwiGLU, or Mixtral's sparse MoE block."""
         if self.config.is_moe:
+            if isinstance(self.w1, QuantizedWeight):  # packed experts: one qlinear per expert segment
+                return packed_moe(self.kernels, x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
             return self.kernels.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
         gate_up = ops.linear(x, self.w13)                                       # [T, 2I]
         return ops.linear(self.kernels.silu_and_mul(gate_up), self.w2)          # [T, I] → [T, H]
@@ -135,22 +140,33 @@ class Model:
     Parameters
     ----------
     config : the architecture
-    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`)
+    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`);
+        the matrices may be packed (:mod:`mistral_kernels.quant_weight`: GGUF blocks or int8 rows, on the same
+        device), which ``ops.linear`` and the MoE block dispatch on; a tied model with a packed embedding
+        passes its packed head as ``lm_head`` (the embedding itself is dense)
     kernels : the op namespace the decoder calls — :mod:`mistral_kernels.ops` (default), or
         :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests). Matmuls
         always use :func:`mistral_kernels.ops.linear`.
     layers : prebuilt decoder layers, one per ``config.n_layers`` (e.g. one tensor-parallel rank's,
         :class:`mistral_kernels.parallel.ShardedModel`); None builds :class:`DecoderLayer` from ``weights``.
         The KV cache is shaped by the config the layers compute with (:attr:`layer_config`).
+    fused_cpu_decode : decode steps on the CPU run all dense layers in one native call
+        (:mod:`mistral_kernels.cpu_decode`) when the model qualifies; False always runs the per-op layers.
+
+    Attributes
+    ----------
+    cpu_decode : the fused CPU decode path, or None (per-op layers for every step)
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], kernels: ModuleType = ops, *,
-                 layers: Sequence[DecoderLayer] | None = None) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight],
+                 kernels: ModuleType = ops, *,
+                 layers: Sequence[DecoderLayer] | None = None, fused_cpu_decode: bool = True) -> None:
         self.config = config
         self.kernels = kernels
         self.embed = weights["embed"]                                          # [V, H]
         self.norm = weights["norm"]                                            # [H]
-        self.lm_head = self.embed if config.tie_embeddings else weights["lm_head"]  # [V, H]
+        tied = config.tie_embeddings and "lm_head" not in weights
+        self.lm_head = self.embed if tied else weights["lm_head"]                # [V, H]
         if layers is None:
             layers = [DecoderLayer(config, weights, n, kernels) for n in range(config.n_layers)]
         if len(layers) != config.n_layers:
@@ -162,6 +178,9 @@ class Model:
         # fp32 cos/sin rows, built on demand up to the positions a forward step can reach (not max_position)
         self.rope = RopeTable(config.max_position, config.rot_dim, config.rope_theta, config.rope_scaling,
                               self.device)
+        plain = all(type(ly) is DecoderLayer for ly in self.layers)  # not a subclass (tensor-parallel shards)
+        self.cpu_decode = FusedCpuDecode.build(config, self.layers, kernels, self.device, self.dtype) \
+            if fused_cpu_decode and plain else None
 
     @property
     def cos_sin(self) -> torch.Tensor:
@@ -194,15 +213,26 @@ class Model:
         residual = torch.zeros_like(x)                                         # first fused add copies x
         # positions < (block table width · block size): a host-side bound, no device sync
         cos_sin = self.rope.covering(batch.block_tables.shape[1] * cache.block_size)
+        if self.cpu_decode is not None and self.cpu_decode.accepts(x, batch):
+            self.cpu_decode(x, residual, batch, cos_sin, cache.k, cache.v)   # all layers, one native call
+        else:
+            x = self._layers(x, residual, batch, cos_sin, cache)
+        self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
+        if batch.logits_indices is not None:
+            x = x[batch.logits_indices]                                        # [N, H]
+        return ops.linear(x, self.lm_head).float()                               # [N, V]
+
+    def _layers(self, x: torch.Tensor, residual: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
+                cache: KVCache) -> torch.Tensor:
+        """The decoder layers op by op on x [T, H] (the embeddings) and residual [T, H] (updated in place);
+        returns the last layer's FFN output [T, H]."""
+        eps = self.config.norm_eps
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             self.kernels.fused_add_rms_norm(x, residual, layer.attn_norm, eps)  # residual += x; x = norm(residual)
             x = layer.attention(x, batch, cos_sin, k_cache, v_cache)
             self.kernels.fused_add_rms_norm(x, residual, layer.ffn_norm, eps)
             x = layer.ffn(x)
-        self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
-        if batch.logits_indices is not None:
-            x = x[batch.logits_indices]                                        # [N, H]
-        return ops.linear(x, self.lm_head).float()                               # [N, V]
+        return x
 
     def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """fp32 logits [T, V] of one sequence: a single prefill into a fresh cache."""

@@ -13,6 +13,10 @@ without a sync (:mod:`.transfer`), and ``model.forward`` runs with the device in
 (:func:`mistral_kernels.ops.device_index_checks`). Decode steps (every chunk one new token that samples)
 go through :class:`~mistral_kernels.decode_graphs.DecodeGraphRunner` unless ``enforce_eager``: padded
 static buffers, replayed as CUDA graphs on CUDA. tests/test_sync_free.py proves it.
+
+Mixed steps (prefill chunks and decodes): the runner puts every single-token chunk first, so all decode
+rows take the decode kernel (split-K) and only the prefill rows the prefill kernel
+(:meth:`ModelRunner._forward_mixed`; :class:`AttentionBatch` routes its leading single-token rows).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from .config import ModelConfig
 from .decode_graphs import DecodeGraphRunner
 from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
+from .packed_moe import has_packed_experts
 from .sampling import SamplingParams, sample
-from .scheduler import SchedulerOutput
+from .scheduler import ScheduledChunk, SchedulerOutput
 from .transfer import to_device
 
 __all__ = ["ModelRunner", "PagedModel"]
@@ -59,7 +64,8 @@ class ModelRunner:
     max_batch : most sequences in a step (the largest decode bucket)
     enforce_eager : decode steps run the plain forward. None (default): padded static-buffer decode with
         CUDA graphs on a CUDA model, plain forward elsewhere (and for tensor-parallel models, whose
-        collectives are not captured yet). False: the padded runner on every device (eager off CUDA).
+        collectives are not captured yet, and models with packed MoE experts, whose expert loop reads the
+        segment bounds on the host: :mod:`mistral_kernels.packed_moe`). False: the padded runner on every device (eager off CUDA).
 
     Attributes
     ----------
@@ -78,7 +84,7 @@ class ModelRunner:
         self._broadcast = getattr(model, "broadcast_tokens", None)
         self.logprobs: list[TokenLogprob | None] = []
         if enforce_eager is None:
-            enforce_eager = self.device.type != "cuda" or self._broadcast is not None
+            enforce_eager = self.device.type != "cuda" or self._broadcast is not None or has_packed_experts(model)
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
             model, self.cache, num_blocks, block_size, max_batch, capture=self.device.type == "cuda")
 
@@ -90,20 +96,35 @@ class ModelRunner:
         gen.manual_seed(params.seed)
         return gen
 
+    def _forward_mixed(self, chunks: list[ScheduledChunk], block_size: int) -> torch.Tensor:
+        """The plain forward over ``chunks`` → logits [N, V] of the sampling chunks, in batch order.
+
+        Decodes first (row-kind split): the forward runs the chunks reordered — every single-token chunk
+        first, in batch order, then the others — so that :class:`AttentionBatch` sends ALL decode rows of a
+        mixed step to the decode kernel (split-K), whatever order the scheduler chose (a request still in
+        chunked prefill may precede decoding ones). ``logits_sequences`` lists the sampling chunks' places in
+        that order in batch order, so the logits rows come out in batch order (no extra gather or sync).
+        """
+        order = sorted(range(len(chunks)), key=lambda i: chunks[i].num_new != 1)  # stable: decodes first
+        run = [chunks[i] for i in order]
+        place = {i: k for k, i in enumerate(order)}  # chunk → its sequence in the reordered batch
+        batch = AttentionBatch.build([c.block_table for c in run], [c.num_cached for c in run],
+                                     [c.num_new for c in run], block_size, self.device,
+                                     logits_sequences=[place[i] for i, c in enumerate(chunks) if c.samples],
+                                     num_blocks=self.num_blocks, max_position=self.model.config.max_position)
+        ids = to_device([t for c in run for t in c.token_ids], torch.int64, self.device)  # [T]
+        with device_index_checks(False):  # validated on the host by AttentionBatch.build
+            return self.model.forward(ids, batch, self.cache)  # [N, V]
+
     def execute(self, output: SchedulerOutput) -> list[int]:
         """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)."""
         chunks = output.chunks
-        tables, cached = [c.block_table for c in chunks], [c.num_cached for c in chunks]
         if (self.decode_graphs is not None and len(chunks) <= self.decode_graphs.max_batch
                 and all(c.num_new == 1 and c.samples for c in chunks)):
-            logits = self.decode_graphs.forward([c.token_ids[0] for c in chunks], tables, cached)  # [N, V]
+            logits = self.decode_graphs.forward([c.token_ids[0] for c in chunks], [c.block_table for c in chunks],
+                                                [c.num_cached for c in chunks])  # [N, V]
         else:
-            batch = AttentionBatch.build(tables, cached, [c.num_new for c in chunks], output.block_size,
-                                         self.device, logits_sequences=[b for b, c in enumerate(chunks) if c.samples],
-                                         num_blocks=self.num_blocks, max_position=self.model.config.max_position)
-            ids = to_device([t for c in chunks for t in c.token_ids], torch.int64, self.device)  # [T]
-            with device_index_checks(False):  # validated on the host by AttentionBatch.build
-                logits = self.model.forward(ids, batch, self.cache)  # [N, V]
+            logits = self._forward_mixed(chunks, output.block_size)  # [N, V]
         samplers = output.sampling_requests
         self.logprobs = [None] * len(samplers)
         if not samplers:

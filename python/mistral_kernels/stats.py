@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .quant_weight import FusedWeight, QuantizedWeight
 from .scheduler import SchedulerOutput
 
 __all__ = ["DecodeTraffic", "EngineStats", "weight_bytes"]
@@ -93,7 +94,8 @@ class DecodeTraffic:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of the weights one decode step reads (every matrix once; the embedding only by rows)."""
+    """Bytes of the weights one decode step reads (every matrix once; the embedding only by rows). Packed
+    (quantized) matrices count their packed bytes (blocks, or int8 values + scales)."""
     seen: set[int] = set()
     total = 0
 
@@ -102,6 +104,12 @@ def weight_bytes(model: Any) -> int:
         if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
+        elif isinstance(t, FusedWeight):
+            for part in t.parts:
+                add(part)
+        elif isinstance(t, QuantizedWeight) and t.qweight.data_ptr() not in seen:
+            seen.add(t.qweight.data_ptr())
+            total += t.nbytes
 
     for layer in getattr(model, "layers", []):
         for v in vars(layer).values():

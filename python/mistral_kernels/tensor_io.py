@@ -38,8 +38,8 @@ import torch
 from .errors import CheckpointError
 from .gguf_metadata import GGUFHeader
 
-__all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "map_tensors", "read_into",
-           "safetensors_tensors", "selected_shape"]
+__all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "map_packed", "map_tensors", "read_into",
+           "read_packed", "safetensors_tensors", "selected_shape"]
 
 Index = tuple[slice, ...]  # one slice per dim: the part of a tensor to read (tensor-parallel shards)
 CHUNK_BYTES = 16 << 20  # scratch for conversions; also the piece size of parallel direct reads
@@ -202,8 +202,30 @@ def map_tensors(infos: Sequence[TensorInfo], dtype: torch.dtype, maps: dict[Path
     ``maps`` caches one map per file; each tensor keeps its map alive (``torch.frombuffer``), so the map goes
     when the last weight viewing it does.
     """
+    if any(t.ggml_type is not None or t.dtype != dtype for t in infos):
+        return None
+    return _map_run(infos, dtype, maps)
+
+
+def map_packed(infos: Sequence[TensorInfo], maps: dict[Path, mmap.mmap]) -> torch.Tensor | None:
+    """uint8 [bytes] over GGUF quantized tensors lying back to back in one file (their blocks as stored), or
+    None (then the caller reads them with :func:`read_packed`)."""
+    if any(t.ggml_type is None for t in infos):
+        return None
+    return _map_run(infos, torch.uint8, maps)
+
+
+def read_packed(fd: int, info: TensorInfo, out: torch.Tensor) -> None:
+    """The stored bytes of a GGUF quantized tensor → ``out`` (uint8, contiguous, CPU, ``info.nbytes``)."""
+    if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() != info.nbytes or not out.is_cpu:
+        raise ValueError(f"read_packed: out must be contiguous CPU uint8 of {info.nbytes} bytes")
+    _pread(fd, info.offset, _bytes_of(out))
+
+
+def _map_run(infos: Sequence[TensorInfo], dtype: torch.dtype, maps: dict[Path, mmap.mmap]) -> torch.Tensor | None:
+    """The mapped bytes of tensors back to back in one file, as 1-D ``dtype``; None if they are not."""
     first, last = infos[0], infos[-1]
-    if any(t.ggml_type is not None or t.dtype != dtype or t.file != first.file for t in infos):
+    if any(t.file != first.file for t in infos):
         return None
     if any(b.offset != a.offset + a.nbytes for a, b in zip(infos, infos[1:])) or first.offset % dtype.itemsize:
         return None

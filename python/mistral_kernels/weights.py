@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,13 @@ from tqdm.auto import tqdm
 
 from .config import ModelConfig, load_config
 from .formats import CheckpointError, Index, TensorInfo, TensorSource, detect_format, open_tensors, read_json
+from .packed_load import QUANTIZE_CHOICES, is_native, quantize_fused, read_gguf_packed
+from .quant_weight import PackedWeight
 from .tensor_io import selected_shape
 
 # CheckpointError and detect_format are defined in errors.py / formats.py and re-exported here.
-__all__ = ["CheckpointError", "checkpoint_dtype", "default_dtype", "detect_format", "expected_shapes",
-           "load_checkpoint"]
+__all__ = ["CheckpointError", "QuantizedFallbackWarning", "checkpoint_dtype", "default_dtype", "detect_format",
+           "expected_shapes", "load_checkpoint", "stored_tensors"]
 
 
 # ---------------------------------------------------------------------------------------------- naming
@@ -238,6 +241,18 @@ def _check(path: Path, fmt: str, entries: dict[str, _Entry], unexpected: list[st
         raise CheckpointError("\n".join(lines))
 
 
+def stored_tensors(path: str | Path) -> tuple[ModelConfig, str, dict[str, tuple[TensorInfo, ...]]]:
+    """(config, format, canonical name → the file tensors it is read from), checked as :func:`load_checkpoint`
+    checks them; reads headers only (``mistral-kernels info``'s formats and bytes)."""
+    p = Path(path)
+    fmt = detect_format(p)
+    config = load_config(p)
+    with open_tensors(p, fmt) as source:
+        entries, unexpected = _rename(source, _RULES[fmt])
+        _check(p, fmt, entries, unexpected, config)
+    return config, fmt, {name: entries[name].stored for name in expected_shapes(config)}
+
+
 # ---------------------------------------------------------------------------------------------- dtype
 _CONFIG_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                   "float64": torch.float64}
@@ -276,8 +291,9 @@ def default_dtype(path: str | Path, device: torch.device | str = "cpu") -> torch
 
 def load_checkpoint(
     path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-    progress: bool = False, shard: ShardFn | None = None, map_files: bool = True,
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    progress: bool = False, shard: ShardFn | None = None, map_files: bool = True, quantized: bool = True,
+    quantize: str | None = None,
+) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight]]:
     """Read a checkpoint into fused weights (names in the module docstring) of ``dtype`` on ``device``.
 
     ``dtype=None`` loads in the checkpoint's own dtype (:func:`default_dtype`). ``progress`` shows a tqdm
@@ -291,17 +307,30 @@ def load_checkpoint(
     parts (the rank's q|k|v rows, w1|w3 rows). Safetensors read only the selected bytes; GGUF tensors are
     dequantized whole, then cut.
 
+    Quantized weights (:mod:`mistral_kernels.packed_load`): ``quantized`` (default) keeps a GGUF's matrices
+    in their stored formats where a native kernel exists (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) as packed
+    weights, memory-mapped; ``dtype`` then sets the activations, norms, embedding and KV cache; other formats
+    are dequantized with one notice (a :class:`QuantizedFallbackWarning`). ``quantized=False`` (or a
+    ``shard``) dequantizes every tensor, as before. ``quantize="int8"`` stores every matrix of any format as
+    INT8_ROWWISE (per output row symmetric; a GGUF's blocks are decoded first). The tied LM head of a packed
+    embedding is returned as ``lm_head`` (the packed blocks; ``embed`` is dequantized).
+
     Raises
     ------
     CheckpointError
         unknown format, corrupt files, config fields out of range, or tensors missing / unexpected /
         mis-shaped / integer-typed (all listed in one message).
     """
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"load_checkpoint: quantize must be None or one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    if quantize is not None and shard is not None:
+        raise ValueError("load_checkpoint: quantize is not supported with tensor parallelism (shard)")
     path = Path(path)
     fmt = detect_format(path)
     config = load_config(path)
     if dtype is None:
         dtype = default_dtype(path, device)
+    packed = quantized and quantize is None and shard is None and fmt == "gguf"
     with open_tensors(path, fmt) as source:
         entries, unexpected = _rename(source, _RULES[fmt])
         _check(path, fmt, entries, unexpected, config)
@@ -311,13 +340,59 @@ def load_checkpoint(
                  for name, (e, index) in parts.items()}
         plan = _fusion_plan(config)
         total = sum(_bytes_to_read(*parts[p]) for _, names in plan for p in names)
-        weights: dict[str, torch.Tensor] = {}
+        weights: dict[str, torch.Tensor | PackedWeight] = {}
+        fallback: dict[str, int] = {}  # formats dequantized for want of a kernel → tensors
         with tqdm(total=total, desc=f"loading {path.name}", unit="B", unit_scale=True, unit_divisor=1024,
                   disable=not progress) as bar:
             for fused, names in plan:
-                weights[fused] = _read_fused([parts[n] for n in names], device, dtype, bar.update,
-                                             source if map_files else None)
+                fused_parts = [parts[n] for n in names]
+                stored = [t for e, _ in fused_parts for t in e.stored]
+                matrix = _is_matrix(fused)
+                if matrix and quantize is not None:
+                    dense = _read_fused(fused_parts, "cpu", _stored_dtype(stored), bar.update,
+                                        source if map_files else None)
+                    weights[fused] = quantize_fused(dense, device)
+                    continue
+                if matrix and packed:
+                    shape = (sum(e.shape[0] for e, _ in fused_parts), *fused_parts[0][0].shape[1:])
+                    weight = read_gguf_packed(stored, shape, source, device)
+                    if weight is not None:
+                        bar.update(sum(t.nbytes for t in stored))
+                        weights[fused] = weight
+                        continue
+                    for t in stored:
+                        if t.ggml_type is not None and not is_native(t):
+                            fallback[t.type_name] = fallback.get(t.type_name, 0) + 1
+                weights[fused] = _read_fused(fused_parts, device, dtype, bar.update, source if map_files else None)
+            if packed and config.tie_embeddings:
+                embed = entries["embed"]
+                head = read_gguf_packed(embed.stored, embed.shape, source, device)
+                if head is not None:
+                    weights["lm_head"] = head
+    if fallback:
+        kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(fallback.items()))
+        warnings.warn(f"{path.name}: {kinds} have no native kernel: dequantized to "
+                      f"{str(dtype).removeprefix('torch.')} at load, with the matrices fused with them",
+                      QuantizedFallbackWarning, stacklevel=2)
     return config, weights
+
+
+class QuantizedFallbackWarning(UserWarning):
+    """Some quantized tensors of a GGUF were dequantized at load (no native kernel for their format)."""
+
+
+_MATRIX_SUFFIXES = (".qkv", ".wo", ".w13", ".w2", ".w1", ".w3")
+
+
+def _is_matrix(fused: str) -> bool:
+    """A fused weight that the decoder multiplies by (``ops.linear`` / the MoE experts): packable."""
+    return fused == "lm_head" or fused.endswith(_MATRIX_SUFFIXES)
+
+
+def _stored_dtype(stored: list[TensorInfo]) -> torch.dtype:
+    """The dtype to read parts in before int8 quantization: their stored one if they share it, else fp32."""
+    kinds = {t.dtype for t in stored if t.ggml_type is None}
+    return kinds.pop() if len(kinds) == 1 and all(t.ggml_type is None for t in stored) else torch.float32
 
 
 def _fusion_plan(config: ModelConfig) -> list[tuple[str, list[str]]]:

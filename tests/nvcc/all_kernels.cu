@@ -3,6 +3,7 @@
 // tests/test_nvcc_ptxas.py, which compiles this file with -Xptxas -v and checks every kernel's resources.
 #include "kernels/activation.cuh"
 #include "kernels/grouped_gemm.cuh"
+#include "kernels/grouped_gemm_tc.cuh"
 #include "kernels/kv_cache.cuh"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_router.cuh"
@@ -10,6 +11,8 @@
 #include "kernels/paged_decode.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
+#include "kernels/quant_gemm.cuh"
+#include "kernels/quant_gemv.cuh"
 #include "kernels/rope.cuh"
 
 // Arguments are opaque to the compiler (function parameters), so every launcher and kernel is kept.
@@ -17,6 +20,7 @@ template <typename T>
 struct Args {
   T *a, *b, *c;
   float *w, *cos_sin;
+  uint8_t* packed;
   int32_t *ids, *inv_perm, *counts, *rank;
   int64_t *offsets, *slots, *positions;
   mk::PagedKV<T> cache;
@@ -43,6 +47,18 @@ cudaError_t launch_all(const Args<T>& x) {
   acc(mk::launch_paged_decode(x.decode, x.d, nullptr));
   acc(mk::launch_paged_prefill(x.prefill, x.n, x.d, x.d, nullptr));
   acc(mk::launch_paged_prefill_tc(x.prefill, x.n, x.d, x.d, nullptr));
+  // every tile (decode / medium / prefill, picked by the rows per group), plain and gated (x.c as W3)
+  const mk::GroupedGemmTcArgs<T> plain{x.a, x.n, x.b, x.n, x.c, nullptr, x.offsets, x.d, x.n, x.n, x.n};
+  mk::GroupedGemmTcArgs<T> gated = plain;
+  gated.W3 = x.c;
+  acc(mk::launch_grouped_gemm_tc(plain, x.n, nullptr));
+  acc(mk::launch_grouped_gemm_tc(gated, x.n, nullptr));
+  // qlinear: GEMV (every MR) and GEMM for every format of MK_QTYPES
+#define MK_ALL_QUANT(code, name, qk, nb)                                                 \
+  acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr)); \
+  acc(mk::launch_quant_gemm<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));
+  MK_QTYPES(MK_ALL_QUANT)
+#undef MK_ALL_QUANT
   return e;
 }
 

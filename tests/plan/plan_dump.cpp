@@ -1,9 +1,11 @@
 // plan_dump.cpp — prints the launch plans of csrc/kernels/attention_plan.h for tests/test_attention_plan.py
 // (plain C++: attention_plan.h includes no CUDA header). Reads commands on stdin, one per line:
 //   decode B head_blocks range requested sm_count   → "part_size partitions blocks"
-//   prefill G BM q_0 q_1 ... q_{B-1}                 → "grid items idle covered" where items = Σ ceil(q_b·G/BM),
-//       idle = grid indices prefill_locate_tile rejects, covered = 1 if every (b, tile < ceil(q_b·G/BM)) is
-//       claimed by exactly one grid index (0 otherwise)
+//   prefill G BM q_0 q_1 ... q_{B-1}                 → "grid items empty covered most": items = Σ ceil(q_b·G/BM),
+//       the blocks x < grid run items x, x + grid, ... (prefill_item); empty = blocks that get no item,
+//       covered = 1 if every (b, tile < ceil(q_b·G/BM)) is run exactly once and nothing else is (0 otherwise),
+//       most = the most items one block runs
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -31,19 +33,20 @@ int main() {
       std::vector<int64_t> cu{0};
       for (int64_t q; in >> q;) cu.push_back(cu.back() + q);
       const int B = static_cast<int>(cu.size()) - 1;
-      const int64_t grid = mk::prefill_tile_start(cu.back(), B, G, BM);
-      int64_t items = 0, idle = 0;
-      for (int b = 0; b < B; ++b) items += ((cu[b + 1] - cu[b]) * G + BM - 1) / BM;
+      const int64_t grid = mk::prefill_grid(cu.back(), G, BM);
+      int64_t items = 0, empty = 0, most = 0;
+      for (int b = 0; b < B; ++b) items += mk::prefill_tiles(cu[b + 1] - cu[b], G, BM);
       std::map<std::pair<int, int>, int> claimed;
-      for (int64_t t = 0; t < grid; ++t) {
-        int b, tile;
-        if (mk::prefill_locate_tile(cu.data(), B, t, G, BM, b, tile)) ++claimed[{b, tile}];
-        else ++idle;
+      for (int64_t x = 0; x < grid; ++x) {
+        int b, tile, n = 0;
+        for (int64_t t = x; mk::prefill_item(cu.data(), B, t, G, BM, b, tile); t += grid, ++n) ++claimed[{b, tile}];
+        empty += n == 0;
+        most = std::max<int64_t>(most, n);
       }
       bool covered = static_cast<int64_t>(claimed.size()) == items;
       for (const auto& [key, n] : claimed)
         covered = covered && n == 1 && key.second * int64_t{BM} < (cu[key.first + 1] - cu[key.first]) * G;
-      std::cout << grid << ' ' << items << ' ' << idle << ' ' << covered << '\n';
+      std::cout << grid << ' ' << items << ' ' << empty << ' ' << covered << ' ' << most << '\n';
     } else if (!cmd.empty()) {
       std::cerr << "unknown command " << cmd << '\n';
       return 2;

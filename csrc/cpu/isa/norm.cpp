@@ -1,4 +1,4 @@
-// cpu/isa/norm.cpp — rms_norm_rows and silu_mul_rows (norm.h) for one ISA level. Plain fp32 loops the
+// cpu/isa/norm.cpp — rms_norm_rows, add_rms_norm_row and silu_mul_rows (norm.h) for one ISA level. Plain fp32 loops the
 // compiler vectorises for the level; SwiGLU with the AVX-512 exp where available. Same rounding as the CUDA
 // kernels (csrc/kernels/norm.cuh): the fused residual sum is rounded to the dtype once, stored, and that
 // stored value is normalised.
@@ -31,6 +31,18 @@ void rms_rows(T* out, T* residual, const T* x, const T* w, int64_t r0, int64_t r
 }
 
 template <typename T>
+void add_norm_row(T* out, T* sum, const T* x, const T* res, const T* w, int64_t H, float eps) {
+  const T* src = x;
+  if (res != nullptr) {
+    for (int64_t i = 0; i < H; ++i) sum[i] = from_f<T>(to_f(x[i]) + to_f(res[i]));
+    src = sum;
+  }
+  const float ss = sum_squares(src, H);
+  const float inv_rms = 1.f / std::sqrt(ss / static_cast<float>(H) + eps);
+  for (int64_t i = 0; i < H; ++i) out[i] = from_f<T>(to_f(src[i]) * inv_rms * to_f(w[i]));
+}
+
+template <typename T>
 void silu_rows(T* out, int64_t ldo, const T* gate, const T* up, int64_t ld, int64_t r0, int64_t r1, int64_t I) {
   for (int64_t r = r0; r < r1; ++r) {
     const T* a = gate + r * ld;
@@ -59,6 +71,21 @@ void rms_norm_rows(Elem elem, void* out, void* residual, const void* x, const vo
     case Elem::f16:
       return rms_rows(static_cast<f16*>(out), static_cast<f16*>(residual), static_cast<const f16*>(x),
                       static_cast<const f16*>(w), r0, r1, H, eps);
+  }
+}
+
+void add_rms_norm_row(Elem elem, void* out, void* sum, const void* x, const void* res, const void* w, int64_t H,
+                      float eps) {
+  switch (elem) {
+    case Elem::f32:
+      return add_norm_row(static_cast<float*>(out), static_cast<float*>(sum), static_cast<const float*>(x),
+                          static_cast<const float*>(res), static_cast<const float*>(w), H, eps);
+    case Elem::bf16:
+      return add_norm_row(static_cast<bf16*>(out), static_cast<bf16*>(sum), static_cast<const bf16*>(x),
+                          static_cast<const bf16*>(res), static_cast<const bf16*>(w), H, eps);
+    case Elem::f16:
+      return add_norm_row(static_cast<f16*>(out), static_cast<f16*>(sum), static_cast<const f16*>(x),
+                          static_cast<const f16*>(res), static_cast<const f16*>(w), H, eps);
   }
 }
 

@@ -13,3 +13,7 @@ MK_ISA_DECLARE(void rms_norm_rows(Elem elem, void* out, void* residual, const vo
 // out[r·ldo + i] = silu(gate[r·ld + i]) · up[r·ld + i] for i < I, rows [r0, r1), fp32 math.
 MK_ISA_DECLARE(void silu_mul_rows(Elem elem, void* out, int64_t ldo, const void* gate, const void* up, int64_t ld,
                                   int64_t r0, int64_t r1, int64_t I))
+// One row of the fused decode step (csrc/cpu/decode_step.h): with res ≠ null, sum[i] = round(x[i] + res[i])
+// (sum may alias res) and src = sum, else src = x; out[i] = round(src[i] · w[i] / rms(src)). out may alias x.
+MK_ISA_DECLARE(void add_rms_norm_row(Elem elem, void* out, void* sum, const void* x, const void* res, const void* w,
+                                     int64_t H, float eps))

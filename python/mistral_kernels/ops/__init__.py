@@ -10,13 +10,14 @@ has one module whose class holds the wrapper of every op of the family (validate
 call ``torch.ops``): ``norm.py`` (rms_norm, fused_add_rms_norm, silu_and_mul), ``rope.py``
 (rotary_embedding, plus the plain-torch ``rope_cos_sin_cache``), ``attention.py`` (reshape_and_cache,
 paged_decode_attention, paged_prefill_attention), ``moe.py`` (topk_softmax, moe_permute, moe_unpermute,
-fused_moe, moe_expert_ffn). This package binds those classes to ``torch.ops.mistral_kernels``;
+fused_moe, moe_expert_ffn), ``quant.py`` (qlinear: linear layers on quantized weights). This package binds
+those classes to ``torch.ops.mistral_kernels``;
 :mod:`mistral_kernels.emulated` binds the same classes to ``torch.ops.mistral_kernels_emu``. A call such as
 ``ops.paged_decode_attention(...)`` runs one Python function, ``AttentionOps.paged_decode_attention`` in
 ``attention.py``, before the C++ op.
 
 ``matmul.py`` holds :func:`linear` (the model's projections; the CPU-only ``skinny_linear`` kernel for
-decode-sized inputs), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
+decode-sized inputs), ``decode.py`` :func:`decode_layers` (CPU only: a decode step's dense layers in one call), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
 tensors: every direct call with CUDA index tensors checks their range at the cost of a device sync,
 unless :func:`device_index_checks` switches that off.
 """
@@ -31,13 +32,15 @@ import torch
 from .. import _library  # noqa: F401  (loads the compiled module: the schemas below come from it)
 from ._base import OpFamily, device_index_checks
 from .attention import AttentionOps
+from .decode import decode_layers
 from .matmul import linear
 from .moe import MoEOps
 from .norm import NormOps
+from .quant import QuantOps
 from .rope import RopeOps, rope_cos_sin_cache
 
 NAMESPACES = ("mistral_kernels", "mistral_kernels_emu")  # kernels on CPU / CUDA tensors; emulated CUDA kernels
-FAMILIES: tuple[type[OpFamily], ...] = (NormOps, RopeOps, AttentionOps, MoEOps)
+FAMILIES: tuple[type[OpFamily], ...] = (NormOps, RopeOps, AttentionOps, MoEOps, QuantOps)
 
 
 def op_names(ns: str) -> list[str]:
@@ -92,4 +95,4 @@ _WRAPPERS = bind("mistral_kernels")
 globals().update(_WRAPPERS)
 KERNEL_OPS: tuple[str, ...] = tuple(_WRAPPERS)  # the kernel wrappers exported here (and by emulated)
 
-__all__ = [*KERNEL_OPS, "device_index_checks", "linear", "rope_cos_sin_cache"]
+__all__ = [*KERNEL_OPS, "decode_layers", "device_index_checks", "linear", "rope_cos_sin_cache"]

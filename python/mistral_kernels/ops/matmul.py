@@ -5,11 +5,16 @@ Shape letters: M rows (tokens), K in features, N out features.
 Decode-sized inputs on the CPU (M ≤ 16, fp32 / bf16 / fp16) go to our ``skinny_linear`` kernel
 (csrc/cpu/linear.cpp), which streams the weight once at memory bandwidth; everything else (prefill,
 CUDA tensors) goes to torch's GEMM (oneDNN / cuBLAS), which is compute-bound and already good there.
+
+A packed weight (:class:`mistral_kernels.quant_weight.QuantizedWeight` / ``FusedWeight``: GGUF blocks or
+int8 rows) goes to ``qlinear`` (:mod:`.quant`), on every device and for every M.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .quant import QuantOps
 
 SKINNY_MAX_M = 16  # must match kMaxM in csrc/cpu/linear.cpp
 _SKINNY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -22,7 +27,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     Parameters
     ----------
     x : [..., K]
-    weight : [N, K], same dtype and device as x
+    weight : [N, K], same dtype and device as x; or a packed weight [N, K] on x's device (→ ``qlinear``)
     out : optional [..., N] contiguous output
 
     Returns
@@ -33,7 +38,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     # here, the rest in C++ (csrc/cpu/linear.cpp) or in _check_gemm_args for the torch GEMM path.
     if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
             and (out is None or isinstance(out, torch.Tensor))):
-        _raise_types(x, weight, out)
+        return _packed_linear(x, weight, out)
     if (
         x.is_cpu
         and x.dtype in _SKINNY_DTYPES
@@ -58,10 +63,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     return torch.matmul(x, weight.T, out=out)
 
 
-def _raise_types(x: object, weight: object, out: object) -> None:
+def _packed_linear(x: object, weight: object, out: object) -> torch.Tensor:
+    """``linear`` on a packed weight: ``qlinear`` per format run (a FusedWeight's outputs concatenated)."""
+    from ..quant_weight import FusedWeight, QuantizedWeight  # here: the package initialises ops first
+
+    if isinstance(x, torch.Tensor) and (out is None or isinstance(out, torch.Tensor)):
+        if isinstance(weight, QuantizedWeight):
+            return _quant_ops().qlinear(x, weight.qweight, weight.qtype, weight.scales, out=out)
+        if isinstance(weight, FusedWeight):
+            y = torch.cat([_packed_linear(x, p, None) for p in weight.parts], dim=-1)
+            return y if out is None else out.copy_(y)
+    _raise_types(x, weight, out)
+    raise AssertionError("unreachable")
+
+
+_QUANT_OPS: QuantOps | None = None
+
+
+def _quant_ops() -> QuantOps:
+    global _QUANT_OPS
+    if _QUANT_OPS is None:
+        _QUANT_OPS = QuantOps(torch.ops.mistral_kernels)
+    return _QUANT_OPS
+
+
+def _raise_types(x: object, weight: object, out: object) -> None:  # raises
     for name, v in (("x", x), ("weight", weight), ("out", out)):
         if not isinstance(v, torch.Tensor) and not (name == "out" and v is None):
-            raise TypeError(f"linear: {name} must be a torch.Tensor, got {type(v).__name__}")
+            also = " or a packed weight (QuantizedWeight)" if name == "weight" else ""
+            raise TypeError(f"linear: {name} must be a torch.Tensor{also}, got {type(v).__name__}")
 
 
 def _check_gemm_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None) -> None:

@@ -32,6 +32,12 @@ __all__ = [
     "reshape_and_cache",
     # projections (the CPU-only skinny_linear kernel serves ops.linear)
     "linear",
+    # quantized weights (plus the helper dequantize, not an op)
+    "qlinear",
+
+
+    # the CPU-only fused decode step
+    "decode_layers",
 ]
 
 
@@ -299,3 +305,57 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         out.copy_(y)
         return out
     return y
+
+
+def dequantize(qweight: torch.Tensor, qtype: int, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp32 weight [N, K] of a quantized one (``ops.qlinear``'s formats), decoded by the ``gguf``
+    package for the GGUF block formats (the project's kernels are tested against it)."""
+    from .quant import INT8_ROWWISE
+
+    if qtype == INT8_ROWWISE:
+        assert scales is not None, "INT8_ROWWISE needs scales"
+        return qweight.float() * scales.float()[:, None]
+    import gguf.quants
+
+    rows = qweight.detach().cpu().contiguous().numpy()
+    return torch.from_numpy(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(qtype)).copy()).float()
+
+
+def qlinear(
+    x: torch.Tensor, qweight: torch.Tensor, qtype: int, scales: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K], W [N, K] quantized (see ``dequantize``) → [..., N] in x's dtype (fp32 math)."""
+    w = dequantize(qweight, qtype, scales).to(x.device)
+    y = (x.float() @ w.T).to(x.dtype)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+# ---- the fused decode step ---------------------------------------------------------------------------
+# M decode rows, L layers; arguments as ops.decode_layers.
+
+
+def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: list[torch.Tensor], qkv: list[torch.Tensor],
+                  wo: list[torch.Tensor], ffn_norm: list[torch.Tensor], w13: list[torch.Tensor],
+                  w2: list[torch.Tensor], k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+                  windows: list[int], positions: torch.Tensor, slot_mapping: torch.Tensor,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor, cos_sin: torch.Tensor, n_heads: int,
+                  eps: float, scale: float, is_neox: bool) -> None:
+    """The L dense decoder layers of one decode step, op by op with the references above (in place on x,
+    residual and the caches)."""
+    m = x.shape[0]
+    hkv, d = k_cache[0].shape[2], k_cache[0].shape[3]
+    for layer in range(len(qkv)):
+        fused_add_rms_norm(x, residual, attn_norm[layer], eps)
+        q, k, v = linear(x, qkv[layer]).split([n_heads * d, hkv * d, hkv * d], -1)
+        q, k, v = q.reshape(m, n_heads, d), k.reshape(m, hkv, d), v.reshape(m, hkv, d)
+        rotary_embedding(positions, q, k, cos_sin, is_neox)
+        reshape_and_cache(k, v, k_cache[layer], v_cache[layer], slot_mapping)
+        att = paged_decode_attention(q, k_cache[layer], v_cache[layer], block_tables, seq_lens, scale,
+                                     windows[layer] if windows[layer] > 0 else None)
+        x.copy_(linear(att.reshape(m, n_heads * d), wo[layer]))
+        fused_add_rms_norm(x, residual, ffn_norm[layer], eps)
+        x.copy_(linear(silu_and_mul(linear(x, w13[layer])), w2[layer]))

@@ -60,7 +60,8 @@ def serve_main(args: argparse.Namespace, dtype: torch.dtype | None, parallel: Pa
         llm = LLM(args.model, device=device or args.device, dtype=dtype, max_batch=args.max_batch,
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
-                  prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager)
+                  prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
+                  quantized=not args.dequantize, quantize=args.quantize)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2

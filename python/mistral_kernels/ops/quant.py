@@ -1,0 +1,89 @@
+"""Linear layers on quantized weights. Formats: csrc/kernels/quant_blocks.h (codes, block layouts).
+
+Shape letters: M rows (tokens), K in features, N out features, QK elements per block, R = K / QK · bytes
+per block (a packed row); ``...`` any leading dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._base import OpFamily, require_tensor
+
+
+@dataclass(frozen=True)
+class QFormat:
+    """One quantized format: its code (GGML's type number; INT8_ROWWISE is the project's own), QK, bytes."""
+
+    name: str
+    qtype: int
+    block: int  # QK: elements per block
+    bytes: int  # bytes per block
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of one packed row of K weights (K must be a multiple of QK)."""
+        return k // self.block * self.bytes
+
+
+# The formats with native kernels: the same table as MK_QTYPES in csrc/kernels/quant_blocks.h
+# (tests/test_quant_formats.py checks the GGUF ones against the gguf package's GGML_QUANT_SIZES).
+QFORMATS: dict[str, QFormat] = {
+    f.name: f
+    for f in (
+        QFormat("Q4_0", 2, 32, 18),
+        QFormat("Q4_1", 3, 32, 20),
+        QFormat("Q8_0", 8, 32, 34),
+        QFormat("Q4_K", 12, 256, 144),
+        QFormat("Q5_K", 13, 256, 176),
+        QFormat("Q6_K", 14, 256, 210),
+        QFormat("INT8_ROWWISE", 1000, 1, 1),
+    )
+}
+QFORMAT_BY_CODE: dict[int, QFormat] = {f.qtype: f for f in QFORMATS.values()}
+INT8_ROWWISE = QFORMATS["INT8_ROWWISE"].qtype
+
+
+class QuantOps(OpFamily):
+    """Kernel wrappers of the quantized-linear family, bound to one ``torch.ops`` namespace."""
+
+    def qlinear(
+        self,
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        qtype: int,
+        scales: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x @ W.T`` with W [N, K] quantized; fp32 accumulation, result in x's dtype.
+
+        Parameters
+        ----------
+        x : [..., K] contiguous, float
+        qweight : GGUF block format: uint8 [N, R] (row n = K / QK blocks, GGUF's layout);
+            INT8_ROWWISE: int8 [N, K]
+        qtype : format code (``QFORMATS[name].qtype``)
+        scales : INT8_ROWWISE only: fp32 [N], W[n, k] = qweight[n, k] · scales[n]
+        out : optional [..., N] contiguous output
+
+        Returns
+        -------
+        [..., N] tensor, ``out`` if given.
+        """
+        require_tensor("qlinear", "x", x)
+        require_tensor("qlinear", "qweight", qweight)
+        if x.dim() < 1:
+            raise ValueError("qlinear: x must be [..., K], got a scalar")
+        k = x.shape[-1]
+        n = qweight.shape[0] if qweight.dim() >= 1 else 0
+        lead = x.shape[:-1]
+        if out is None:
+            out = x.new_empty((*lead, n))
+        elif tuple(out.shape) != (*lead, n):
+            raise ValueError(f"qlinear: out must be {[*lead, n]}, got {list(out.shape)}")
+        rows = x.numel() // k if k else 0
+        x2 = x.reshape(rows, k) if x.dim() != 2 else x
+        o2 = out.view(rows, n) if out.dim() != 2 else out
+        self._lib.qlinear(o2, x2, qweight, scales, int(qtype))
+        return out

@@ -1,0 +1,154 @@
+"""ops.qlinear on CPU (csrc/cpu/quant.cpp) against reference.qlinear: the ``gguf`` package's own dequantization
+followed by a fp32 matmul. Random packed weights: tests/quant_data.py.
+
+Shape letters: M rows of x, K in features, N out features, QK elements per block.
+
+Tolerances (bounds, not fudge factors; ``absprod`` = |x| · |W|ᵀ, γ = K · 2⁻²⁴):
+  * fp32 x: the activations are not quantized, so both sides compute the same fp32 dot products in a different
+    order: |out - ref| ≤ 2γ · absprod.
+  * bf16 x, M ≤ 16 (GEMV): where the CPU has AVX512-VNNI, the activations are quantized to int8 per 32
+    (csrc/cpu/quant_kernels.h: |x - dx·q| ≤ dx / 2 with dx = max|x| / 127 over the 32), so
+    |out - ref| ≤ Σ_k (max|x| of k's chunk / 254) · |W[n, k]| + 2γ · absprod — the bound applies to every
+    format (those computed exactly, Q6_K and INT8_ROWWISE, are well inside it); then each side rounds once to
+    bf16 (≤ 2⁻⁸ relative each).
+  * bf16 x, M > 16 (prefill): the dequantized tile is bf16, so every weight is rounded (≤ 2⁻⁹ relative) before
+    the GEMM: |out - ref| ≤ (2⁻⁹ + 2γ) · absprod, then the two bf16 roundings.
+  * fp16 x: converted to fp32 (exact), fp32 path, one fp16 rounding each side (≤ 2⁻¹¹ relative).
+Any decoding mistake (a wrong nibble, scale or bit) is of the order of absprod itself, far above these bounds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mistral_kernels import ops, reference
+from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
+from mistral_kernels.ops.reference import dequantize
+
+from .quant_data import FORMATS, random_qweight
+
+GEMV_MAX_M = 16  # kGemvMaxM in csrc/cpu/quant.cpp: larger M takes the dequantized-tile GEMM
+
+
+def _k_for(name: str) -> int:
+    """K a multiple of QK but of nothing bigger (3 blocks); INT8_ROWWISE (QK 1): an odd K with a SIMD tail."""
+    qk = QFORMATS[name].block
+    return 37 if qk == 1 else 3 * qk
+
+
+def _check(name: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor | None, out: torch.Tensor) -> None:
+    qtype = QFORMATS[name].qtype
+    w = dequantize(qweight, qtype, scales)
+    expect = reference.qlinear(x, qweight, qtype, scales)
+    assert out.shape == expect.shape and out.dtype == x.dtype
+    m, k = x.shape[-2] if x.dim() > 1 else 1, x.shape[-1]
+    absprod = x.float().abs() @ w.abs().T
+    gamma = k * 2.0**-24
+    w_rel = 2.0**-9 if x.dtype == torch.bfloat16 and m > GEMV_MAX_M else 0.0
+    bound = (w_rel + 2 * gamma) * absprod + 1e-30
+    if x.dtype == torch.bfloat16 and m <= GEMV_MAX_M and k % 32 == 0:  # int8 activations, per chunk of 32
+        chunk_max = x.float().abs().reshape(x.shape[0], k // 32, 32).amax(-1)
+        bound = bound + (chunk_max.repeat_interleave(32, dim=1) / 254 * (1 + 1e-5)) @ w.abs().T
+    out_rel = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[x.dtype]
+    bound = bound + out_rel * (2 * expect.float().abs() + bound)
+    err = (out.float() - expect.float()).abs()
+    worst = int((err - bound).flatten().argmax())
+    assert bool((err <= bound).all()), (
+        f"{name} {tuple(x.shape)} {x.dtype}: |out - ref| = {err.flatten()[worst].item():.3e} exceeds the bound "
+        f"{bound.flatten()[worst].item():.3e} at flat index {worst}"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("name", FORMATS)
+def test_qlinear_matches_gguf_dequantize_matmul(name: str, M: int, dtype: torch.dtype) -> None:
+    k = _k_for(name)
+    for n in (7, 33):
+        qweight, scales = random_qweight(name, n, k, seed=n * 100 + M)
+        x = torch.randn(M, k, generator=torch.Generator().manual_seed(M + n)).to(dtype)
+        _check(name, x, qweight, scales, ops.qlinear(x, qweight, QFORMATS[name].qtype, scales))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_qlinear_fp16_leading_dims_and_out(name: str) -> None:
+    k = _k_for(name)
+    qweight, scales = random_qweight(name, 9, k, seed=5)
+    for shape in ((2, 3, k), (3, 7, k)):  # 6 rows: GEMV; 21 rows: GEMM
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[1])).half()
+        out = torch.empty(*shape[:-1], 9, dtype=torch.float16)
+        assert ops.qlinear(x, qweight, QFORMATS[name].qtype, scales, out=out) is out
+        _check(name, x.reshape(-1, k), qweight, scales, out.reshape(-1, 9))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qlinear_prefill_spans_several_weight_tiles(dtype: torch.dtype) -> None:
+    # The GEMM path dequantizes W in tiles of ~1 MB (kTileBytes): N = 700 rows of K = 768 are 3 fp32 tiles or
+    # 2 bf16 tiles, the last one partial.
+    qweight, _ = random_qweight("Q4_K", 700, 768, seed=1)
+    x = torch.randn(20, 768, generator=torch.Generator().manual_seed(2)).to(dtype)
+    _check("Q4_K", x, qweight, None, ops.qlinear(x, qweight, QFORMATS["Q4_K"].qtype))
+
+
+def test_qlinear_independent_of_thread_count() -> None:
+    qweight, _ = random_qweight("Q4_0", 3000, 96, seed=3)
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.qlinear(x, qweight, QFORMATS["Q4_0"].qtype)
+        torch.set_num_threads(max(2, threads))
+        many = ops.qlinear(x, qweight, QFORMATS["Q4_0"].qtype)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", FORMATS)
+def test_qlinear_nan_activations_give_nan_rows(name: str, dtype: torch.dtype) -> None:
+    # A NaN in a row of x makes that row of the output NaN (as the fp32 matmul's), on every path; other rows
+    # are untouched. (The int8 path checks finiteness per 32 activations before quantizing them.)
+    k = _k_for(name)
+    qweight, scales = random_qweight(name, 5, k, seed=7)
+    for m in (3, 20):  # GEMV, GEMM
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+        x[1, k // 2] = float("nan")
+        out = ops.qlinear(x, qweight, QFORMATS[name].qtype, scales)
+        assert out[1].isnan().all(), (name, m, out[1])
+        keep = torch.arange(m) != 1
+        _check(name, x[keep], qweight, scales, out[keep])
+
+
+def test_qlinear_bad_inputs_name_the_argument() -> None:
+    op = torch.ops.mistral_kernels.qlinear
+    q4, _ = random_qweight("Q4_0", 4, 64, seed=0)  # [4, 2 · 18]
+    i8, s8 = random_qweight("INT8_ROWWISE", 4, 64, seed=0)
+    x, out = torch.randn(2, 64), torch.empty(2, 4)
+    q4_0, q4_k = QFORMATS["Q4_0"].qtype, QFORMATS["Q4_K"].qtype
+    cases = [
+        ((out, x, q4, None, 6), r"qtype 6 has no native kernel"),  # Q5_0: dequantized at load instead
+        ((out, x, q4, None, q4_k), r"K = x.shape\[1\] = 64 must be a multiple of 256 for Q4_K"),
+        ((out, x, q4[:, :-1].contiguous(), None, q4_0), r"qweight"),  # wrong row bytes
+        ((out, x, q4.view(torch.int8), None, q4_0), r"qweight"),  # packed blocks are uint8
+        ((out, x, q4, torch.ones(4), q4_0), r"scales must be None for Q4_0"),
+        ((out, x, i8, None, INT8_ROWWISE), r"scales \[N\] fp32 is required for INT8_ROWWISE"),
+        ((out, x, i8, s8[:3].contiguous(), INT8_ROWWISE), r"scales"),
+        ((out, x, i8, s8.double(), INT8_ROWWISE), r"scales"),
+        ((out, x[:, :63].contiguous(), i8, s8, INT8_ROWWISE), r"qweight"),  # K mismatch
+        ((torch.empty(2, 5), x, q4, None, q4_0), r"out must be \[M, N\]"),
+        ((torch.empty(2, 4, dtype=torch.bfloat16), x, q4, None, q4_0), r"out"),
+        ((out, x.int(), q4, None, q4_0), r"x"),
+        ((out, x.t().contiguous().t(), q4, None, q4_0), r"x"),  # not contiguous
+    ]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)
+
+
+def test_qlinear_empty_shapes() -> None:
+    q4, _ = random_qweight("Q4_0", 4, 64, seed=0)
+    assert ops.qlinear(torch.randn(0, 64), q4, QFORMATS["Q4_0"].qtype).shape == (0, 4)
+    empty_w = torch.empty(0, 36, dtype=torch.uint8)
+    assert ops.qlinear(torch.randn(3, 64), empty_w, QFORMATS["Q4_0"].qtype).shape == (3, 0)
