@@ -22,7 +22,8 @@ bool supported(Isa isa) {
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   switch (isa) {
-    case Isa::avx512bf16: return avx512 && __builtin_cpu_supports("avx512bf16");
+    case Isa::avx512bf16:
+      return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
     case Isa::avx512: return avx512;
     case Isa::avx2: return avx2;
     case Isa::generic: return true;

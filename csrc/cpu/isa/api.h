@@ -16,7 +16,7 @@
 namespace mk::cpu {
 
 // The ISA levels, best first; MK_CPU_ISAS lists their names (MK_CPU_ISA values, `mistral-kernels info`).
-//   avx512bf16  AVX-512 F/BW/VL/DQ + AVX512_BF16 + FMA + F16C  (vdpbf16ps for bf16 dot products)
+//   avx512bf16  AVX-512 F/BW/VL/DQ + AVX512_BF16 + AVX512_VNNI + FMA + F16C  (vdpbf16ps, vpdpbusd)
 //   avx512      AVX-512 F/BW/VL/DQ + FMA + F16C
 //   avx2        AVX2 + FMA + F16C
 //   generic     the compiler's baseline (x86-64: SSE2), portable C++ only: what other CPUs run

@@ -152,17 +152,21 @@ constexpr int kWideNB = 4, kNarrowNB = 3;
 // All M rows for the column group [n, n + NB): the group's rows of W stay in L1 across the row blocks.
 template <typename T, int NB>
 inline void group(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t M, int64_t n) {
-  if (NB == kWideNB && M <= 2) {
+  if constexpr (NB == kWideNB) {  // only for M ≤ 2 (rows)
     if (M == 1) return tile<T, 1, NB>(out, ldo, x, ldx, w, K, n, true);
     return tile<T, 2, NB>(out, ldo, x, ldx, w, K, n, true);
-  }
-  int64_t m = 0;
-  for (; m + kRowBlock <= M; m += kRowBlock) tile<T, kRowBlock, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0);
-  switch (M - m) {
-    case 3: if constexpr (kRowBlock > 3) tile<T, 3, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
-    case 2: tile<T, 2, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
-    case 1: tile<T, 1, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
-    default: break;
+  } else {
+    int64_t m = 0;
+    for (; m + kRowBlock <= M; m += kRowBlock)
+      tile<T, kRowBlock, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0);
+    switch (M - m) {
+      case 3:
+        if constexpr (kRowBlock > 3) tile<T, 3, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0);
+        break;
+      case 2: tile<T, 2, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
+      case 1: tile<T, 1, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
+      default: break;
+    }
   }
 }
 
