@@ -26,7 +26,7 @@ inline F isa_pick(F avx512bf16, F avx512, F avx2, F generic) {
 
 }  // namespace mk::cpu
 
-// MK_ISA_CALL(linear_cols)(args...): the kernel declared by MK_ISA_DECLARE, for the active level.
+// MK_ISA_CALL(gemv_rows)(args...): the kernel declared by MK_ISA_DECLARE, for the active level.
 #if MK_CPU_X86_ISAS
 #define MK_ISA_CALL(fn)                                                                                     \
   ::mk::cpu::isa_pick(&::mk::cpu::isa_avx512bf16::fn, &::mk::cpu::isa_avx512::fn, &::mk::cpu::isa_avx2::fn, \
