@@ -1,8 +1,9 @@
 // abi.h — the inline namespace that keeps each build of the shared headers apart in _C.so.
 //
-// csrc/kernels, csrc/glue and csrc/checks are header-only and end up in _C.so up to three times:
+// csrc/kernels, csrc/glue and csrc/checks are header-only and end up in _C.so several times:
 // compiled by nvcc for the CUDA backend (csrc/cuda), by g++ for the emulated backend (csrc/emu, where
-// simt::launch runs the kernels on fibers) and by g++ -march=native for the CPU kernels (csrc/cpu).
+// simt::launch runs the kernels on fibers), by g++ for the CPU glue (csrc/cpu, abi_cpu) and once per
+// CPU ISA level for csrc/cpu/isa (abi_cpu_<level>, docs/kernels.md "CPU ISA levels").
 // Their inline functions and templates have the same names in every build but not the same bodies, so
 // each build puts them into its own inline namespace of mk:
 //

@@ -44,7 +44,7 @@ class Backend:
 
 def _make_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> Backend:
     if name == "cpu":
-        return Backend("cpu", mistral_kernels.ops, "cpu", (torch.float32, torch.bfloat16))
+        return Backend("cpu", mistral_kernels.ops, "cpu", (torch.float32, torch.float16, torch.bfloat16))
     if name.startswith("emu"):
         if not mistral_kernels.emulator_compiled():
             pytest.skip("emulated kernels not built (MK_EMU=OFF); .ci/run requires them")

@@ -5,6 +5,7 @@ the shared C++ headers keeps its own symbols, and the CUDA build really contains
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import struct
@@ -16,7 +17,7 @@ import torch
 import mistral_kernels
 
 _ELF_CUBIN, _FATBIN_MAGIC = 2, 0xBA55ED50
-CPU_ONLY_OPS = {"skinny_linear"}  # by design (csrc/registration.cpp kCpuOnlySchemas)
+CPU_ONLY_OPS = {"skinny_linear", "decode_layers"}  # by design (csrc/registration.cpp kCpuOnlySchemas)
 
 
 def _op_names(ns: str) -> list[str]:
@@ -90,11 +91,28 @@ def test_backends_keep_their_symbols_apart() -> None:
     its own inline namespace of mk, so that the inline functions and templates of two builds never merge."""
     spaces = _mk_namespaces(str(mistral_kernels.library_path()))
     expected = {"abi_cpu", "cpu"}  # the shared headers as built for csrc/cpu; the CPU kernels' own namespace
+    # csrc/cpu/isa: the shared headers once more per CPU ISA level (x86-64: four; elsewhere generic only), in
+    # abi_cpu_<level> (present when a symbol of them is not inlined away)
+    levels = mistral_kernels.CPU_ISA_LEVELS if platform.machine() in ("x86_64", "AMD64") else ("generic",)
+    per_level = {f"abi_cpu_{level}" for level in levels}
     if mistral_kernels.emulator_compiled():
         expected.add("abi_emu")
     if mistral_kernels.cuda_compiled():
         expected.add("abi_cuda")
-    assert spaces == expected, f"namespaces directly inside mk: {sorted(spaces)}, expected {sorted(expected)}"
+    assert expected <= spaces <= expected | per_level, (
+        f"namespaces directly inside mk: {sorted(spaces)}, expected {sorted(expected)} (+ some of {sorted(per_level)})")
+
+
+def test_cpu_kernels_built_per_isa_level() -> None:
+    """csrc/cpu/isa: each level's copy of the CPU kernels in its own namespace mk::cpu::isa_<level>."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not found")
+    r = subprocess.run([nm, "--defined-only", str(mistral_kernels.library_path())], capture_output=True, text=True,
+                       timeout=120)
+    found = {r.stdout[m.end() : m.end() + int(m.group(1))] for m in re.finditer(r"N2mk3cpu(\d+)", r.stdout)}
+    levels = mistral_kernels.CPU_ISA_LEVELS if platform.machine() in ("x86_64", "AMD64") else ("generic",)
+    assert {f"isa_{level}" for level in levels} <= found, sorted(found)
 
 
 def test_cuda_build_is_real() -> None:

@@ -1,13 +1,15 @@
-// cpu/common.h — helpers for the native CPU kernels: dtype dispatch (fp32, bf16), float conversion, the
-// parallel grain, op registration. The CPU kernels may include framework-free headers of csrc/kernels
-// (common.cuh: the attention rules); csrc/cpu translation units are built with MK_ABI=abi_cpu
-// (CMakeLists.txt, csrc/abi.h), so those headers' symbols stay apart from the CUDA / emulated builds.
+// cpu/common.h — helpers for the glue of the native CPU ops (csrc/cpu/*.cpp, baseline ISA): dtype dispatch
+// (fp32, bf16, fp16), float conversion, the element type of the per-ISA kernels (csrc/cpu/isa), the
+// parallel grain, op registration. The glue may include framework-free headers of csrc/kernels (common.cuh:
+// the attention rules); csrc/cpu translation units are built with MK_ABI=abi_cpu (CMakeLists.txt,
+// csrc/abi.h), so those headers' symbols stay apart from the CUDA / emulated / per-ISA builds.
 #pragma once
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <bit>
@@ -15,10 +17,11 @@
 #include <initializer_list>
 
 #include "../checks/common.h"
+#include "isa/api.h"
 
 namespace mk::cpu {
 
-inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16};
+inline constexpr std::initializer_list<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16, at::kHalf};
 
 inline void require_cpu(const char* op, const char* arg, const at::Tensor& t) {
   check::defined(op, arg, t);
@@ -31,6 +34,7 @@ inline float to_f(float x) { return x; }
 inline float to_f(c10::BFloat16 x) {
   return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16);
 }
+inline float to_f(c10::Half x) { return static_cast<float>(x); }
 template <typename T> inline T from_f(float f);
 template <> inline float from_f<float>(float f) { return f; }
 template <> inline c10::BFloat16 from_f<c10::BFloat16>(float f) {
@@ -38,6 +42,17 @@ template <> inline c10::BFloat16 from_f<c10::BFloat16>(float f) {
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // round to nearest even
   const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
   return c10::BFloat16(static_cast<uint16_t>(nan ? 0x7fc0u : rounded), c10::BFloat16::from_bits());
+}
+template <> inline c10::Half from_f<c10::Half>(float f) { return c10::Half(f); }
+
+// The per-ISA kernels' element type of scalar_t (csrc/cpu/isa/api.h).
+template <typename T> inline constexpr Elem kElem = Elem::f32;
+template <> inline constexpr Elem kElem<c10::BFloat16> = Elem::bf16;
+template <> inline constexpr Elem kElem<c10::Half> = Elem::f16;
+static_assert(sizeof(c10::BFloat16) == 2 && sizeof(c10::Half) == 2);
+// The same for a dtype already checked to be one of kFloatTypes.
+inline Elem elem_of(at::ScalarType t) {
+  return t == at::kBFloat16 ? Elem::bf16 : (t == at::kHalf ? Elem::f16 : Elem::f32);
 }
 
 // The grain of at::parallel_for (the least items per task): enough items that one task does about
@@ -56,6 +71,8 @@ inline int64_t parallel_grain(int64_t work_per_item, int64_t min_items = 1) {
 // Expand an op list with it (checks/<family>.h): TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_NORM_OPS(MK_IMPL_CPU) }
 #define MK_IMPL_CPU(name) m.impl(#name, &mk::cpu::name);
 
-// MK_CPU_DISPATCH(dtype, "op", [&] { ... scalar_t ... }) over float and bfloat16.
-#define MK_CPU_DISPATCH(TYPE, NAME, ...) \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+// MK_CPU_DISPATCH(dtype, "op", [&] { ... scalar_t ... }) over float, bfloat16 and float16 (kFloatTypes).
+#define MK_CPU_DISPATCH(TYPE, NAME, ...)                                                                    \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                                                            \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))

@@ -59,7 +59,7 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
   check::contiguous(op, "residual", residual);
   check::no_overlap(op, "residual", residual, {{"x", &x}});
   const int64_t M = x.size(0), H = x.size(1), L = static_cast<int64_t>(qkv.size());
-  TORCH_CHECK(M <= gemv::kMaxM, op, ": x.shape[0] (M, decode rows) must be <= ", gemv::kMaxM, ", got ", M);
+  TORCH_CHECK(M <= kGemvMaxM, op, ": x.shape[0] (M, decode rows) must be <= ", kGemvMaxM, ", got ", M);
   for (const auto& [name, list] : {std::pair<const char*, at::TensorList>{"attn_norm", attn_norm}, {"wo", wo},
                                    {"ffn_norm", ffn_norm}, {"w13", w13}, {"w2", w2}, {"k_cache", k_cache},
                                    {"v_cache", v_cache}})

@@ -1,8 +1,12 @@
 // cpu/decode_step.h — the dense decoder layers of one decode step in ONE OpenMP parallel region
 // (the kernel of decode_layers, csrc/cpu/decode_layers.cpp; docs/design.md §3 for the op semantics).
-// Framework-free: raw pointers, T = float or c10::BFloat16; the caller has validated every shape and index.
+// Baseline glue (no ISA-specific code): raw pointers, T = float, c10::BFloat16 or c10::Half; the caller has
+// validated every shape and index. The threads, barriers and buffers live here; every hot loop is a per-ISA
+// kernel (csrc/cpu/isa: gemv_rows, add_rms_norm_row, silu_mul_rows, rope_tokens, attn_scan), resolved once
+// per call before the parallel region (Kernels, MK_ISA_CALL), so at the avx512bf16 level they run their
+// AVX-512 / AVX-512 BF16 paths (docs/kernels.md, "CPU ISA levels").
 //
-// Shapes: M decode rows (one new token per sequence, M ≤ gemv::kMaxM), H hidden, I intermediate, Hq / Hkv
+// Shapes: M decode rows (one new token per sequence, M ≤ kGemvMaxM), H hidden, I intermediate, Hq / Hkv
 // heads, G = Hq / Hkv, D head_dim, R rot_dim, N cache blocks, S block size, MB max blocks per sequence,
 // L layers.
 //
@@ -23,7 +27,8 @@
 //   7. down        x[M, H] = h · W2ᵀ                                                          | barrier
 //
 // Before each barrier a thread prefetches the start of its slice of the next phase's weights (warm).
-// Every element is computed with the rules of the per-op kernels (gemv.h, row_ops.h, attention_core.h)
+// Every element is computed by the per-op kernels' per-ISA code (isa/gemv.cpp, isa/norm.cpp, isa/rope.cpp,
+// isa/attention_core.h)
 // and rounded to T at the same points (after each matmul, RoPE, norm, SiLU·up), so the result equals the
 // per-op path bit for bit, except attention over more than 1024 visible keys, where the per-op decode
 // kernel splits the keys into partitions (split-K) and merges them: equal within fp32 rounding.
@@ -42,10 +47,12 @@
 #endif
 
 #include "../kernels/common.cuh"
-#include "attention_core.h"
 #include "common.h"
-#include "gemv.h"
-#include "row_ops.h"
+#include "isa/attention.h"
+#include "isa/gemv.h"
+#include "isa/norm.h"
+#include "isa/rope.h"
+#include "isa_dispatch.h"
 
 namespace mk::cpu::decode_step {
 
@@ -74,6 +81,15 @@ struct Index {
   const int32_t* block_tables;  // [M, MB]
   const int32_t* seq_lens;      // [M] (keys after this step's write; 0 = padding row)
   const float* cos_sin;         // [P, R]: cos [R/2] then sin [R/2] per position
+};
+
+// The per-ISA kernels of the active level (MK_ISA_CALL), looked up once per call.
+struct Kernels {
+  decltype(&isa_generic::gemv_rows) gemv = MK_ISA_CALL(gemv_rows);
+  decltype(&isa_generic::add_rms_norm_row) add_norm = MK_ISA_CALL(add_rms_norm_row);
+  decltype(&isa_generic::silu_mul_rows) silu_mul = MK_ISA_CALL(silu_mul_rows);
+  decltype(&isa_generic::rope_tokens) rope = MK_ISA_CALL(rope_tokens);
+  decltype(&isa_generic::attn_scan) scan = MK_ISA_CALL(attn_scan);
 };
 
 inline constexpr int64_t kFfnChunk = 64;  // gate|up columns per chunk (a multiple of 16: silu_mul's vector width)
@@ -130,53 +146,53 @@ class SpinYieldBarrier {
 // Per-thread buffers of the attention phase (one GQA group of one row at a time).
 template <typename T>
 struct AttnScratch {
-  attn::Scratch sc;
-  std::vector<float> q, acc;
+  std::vector<float> q, acc, scores, kbuf, vbuf;
   std::vector<OnlineSoftmax> st;
   std::vector<T> qraw;
   std::vector<int64_t> lo, hi;
-  AttnScratch(int64_t G, int64_t D) : q(G * D), acc(G * D), st(G), qraw(G * D), lo(G), hi(G) { sc.reserve(G, D); }
+  AttnScratch(int64_t G, int64_t D)
+      : q(G * D), acc(G * D), scores(G * kAttnScanChunk), kbuf(kAttnScanChunk * D), vbuf(kAttnScanChunk * D), st(G),
+        qraw(G * D), lo(G), hi(G) {}
 };
 
 // Phase 3 for row m, kv head g: RoPE, cache write, attention of the G q heads into out [Hq·D] of row m.
 template <typename T>
-void attend(const Shape& s, const Index& ix, const Layer<T>& ly, T* qkv_row, T* out_row, int64_t m, int64_t g,
-            AttnScratch<T>& a) {
-  const int64_t G = s.Hq / s.Hkv, D = s.D, half = s.R / 2;
+void attend(const Kernels& kn, const Shape& s, const Index& ix, const Layer<T>& ly, T* qkv_row, T* out_row, int64_t m,
+            int64_t g, AttnScratch<T>& a) {
+  static_assert(sizeof(OnlineSoftmax) == 2 * sizeof(float));
+  const int64_t G = s.Hq / s.Hkv, D = s.D;
   T* q = qkv_row + g * G * D;
   T* k = qkv_row + (s.Hq + g) * D;
   const T* v = qkv_row + (s.Hq + s.Hkv + g) * D;
-  const float* cos = ix.cos_sin + ix.positions[m] * s.R;
-  if (s.neox) {
-    rowops::rotate_heads<T, true>(q, G, D, half, cos, cos + half);
-    rowops::rotate_heads<T, true>(k, 1, D, half, cos, cos + half);
-  } else {
-    rowops::rotate_heads<T, false>(q, G, D, half, cos, cos + half);
-    rowops::rotate_heads<T, false>(k, 1, D, half, cos, cos + half);
-  }
+  kn.rope(kElem<T>, s.neox, ix.positions + m, q, k, ix.cos_sin, 0, 1, 0, 0, G, 1, D, s.R);
   const int64_t slot = ix.slot_mapping[m];
   if (slot >= 0) {
     const int64_t row = slot * s.Hkv * D + g * D;  // slot = block·S + offset; rows of Hkv·D elements
     std::memcpy(ly.k_cache + row, k, D * sizeof(T));
     std::memcpy(ly.v_cache + row, v, D * sizeof(T));
   }
-  attn::Rows rows{G, D, a.q.data(), a.acc.data(), a.st.data(), a.lo.data(), a.hi.data()};
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    rows.qb = a.qraw.data();
-    rows.qscale = s.scale;
-  }
-  rows.reset();
+  std::fill(a.acc.begin(), a.acc.end(), 0.f);
+  std::fill(a.st.begin(), a.st.end(), OnlineSoftmax{});
   const int64_t L = ix.seq_lens[m], first = first_visible_key(L - 1, ly.window);
   if (first < L) {
     for (int64_t i = 0; i < G * D; ++i) a.q[i] = to_f(q[i]) * s.scale;
-    if constexpr (std::is_same_v<T, c10::BFloat16>) std::copy(q, q + G * D, a.qraw.data());
+    if constexpr (!std::is_same_v<T, float>) std::copy(q, q + G * D, a.qraw.data());
     std::fill(a.lo.begin(), a.lo.end(), first);
     std::fill(a.hi.begin(), a.hi.end(), L);
     const PagedCache<T> cache{ly.k_cache, ly.v_cache, ix.block_tables, static_cast<int>(s.Hkv),
                               static_cast<int>(s.S), static_cast<int>(s.MB), static_cast<int>(s.N)};
-    attn::scan_keys(rows, cache.sequence(m, static_cast<int>(g), static_cast<int>(D)), first, L, a.sc);
+    const PagedKV<const T> kv = cache.sequence(m, static_cast<int>(g), static_cast<int>(D));
+    const AttnScan scan{kElem<T>,     G,           D,           a.q.data(), std::is_same_v<T, float> ? nullptr : a.qraw.data(),
+                        s.scale,      a.acc.data(), a.st.data(), a.lo.data(), a.hi.data(), kv.k, kv.v, kv.block_table,
+                        kv.slot_stride, kv.block_size, kv.num_blocks, first, L, a.scores.data(), a.kbuf.data(),
+                        a.vbuf.data()};
+    kn.scan(scan);
   }
-  for (int64_t r = 0; r < G; ++r) attn::store_row(out_row + (g * G + r) * D, a.acc.data() + r * D, a.st[r].l, D);
+  for (int64_t r = 0; r < G; ++r) {
+    T* o = out_row + (g * G + r) * D;
+    const float inv = OnlineSoftmax::normalizer(a.st[r].l);
+    for (int64_t d = 0; d < D; ++d) o[d] = from_f<T>(a.acc[r * D + d] * inv);
+  }
 }
 
 // Runs the L layers on x [M, H] (in: the embeddings or the previous layer's output; out: the last layer's
@@ -192,6 +208,8 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
   T* res[2] = {residual, res2.data()};
   int final_cur = 0;
   SpinYieldBarrier bar;
+  const Kernels kn;
+  const Elem elem = kElem<T>;
 #if defined(_OPENMP)
 #pragma omp parallel num_threads(nt)
 #endif
@@ -213,7 +231,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
     auto add_norm = [&](const T* src, const T* w) {
       for (int64_t m = 0; m < M; ++m) {
         T* sum = t == 0 ? res[cur ^ 1] + m * H : sums.data() + static_cast<size_t>(t) * H;
-        rowops::add_rms_norm(xt + m * H, sum, src + m * H, res[cur] + m * H, w, H, s.eps);
+        kn.add_norm(elem, xt + m * H, sum, src + m * H, res[cur] + m * H, w, H, s.eps);
       }
       cur ^= 1;
     };
@@ -222,14 +240,14 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
       add_norm(x, ly.attn_norm);
       {
         const auto [n0, n1] = split(Nqkv, t, team, 8);
-        gemv::rows(qkv.data(), Nqkv, xt, H, ly.qkv, H, M, n0, n1);
+        kn.gemv(elem, qkv.data(), Nqkv, xt, H, ly.qkv, H, M, n0, n1);
       }
       barrier();
       {
         const auto [i0, i1] = split(M * s.Hkv, t, team, 1);
         for (int64_t it = i0; it < i1; ++it) {
           const int64_t m = it / s.Hkv, g = it % s.Hkv;
-          attend(s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
+          attend(kn, s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
         }
         const auto [n0, n1] = split(H, t, team, 8);
         warm(ly.wo, QD, n0, n1);
@@ -237,7 +255,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
       barrier();
       {
         const auto [n0, n1] = split(H, t, team, 8);
-        gemv::rows(o.data(), H, att.data(), QD, ly.wo, QD, M, n0, n1);
+        kn.gemv(elem, o.data(), H, att.data(), QD, ly.wo, QD, M, n0, n1);
         const auto [c0, c1] = split(I, t, team, kFfnChunk);
         warm(ly.w13, H, c0, c1);
         warm(ly.w13, H, I + c0, I + c1);
@@ -248,10 +266,9 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
         const auto [c0, c1] = split(I, t, team, kFfnChunk);
         for (int64_t c = c0; c < c1; c += kFfnChunk) {
           const int64_t n = std::min(kFfnChunk, c1 - c);
-          gemv::rows(gbuf, kFfnChunk, xt, H, ly.w13 + c * H, H, M, 0, n);
-          gemv::rows(ubuf, kFfnChunk, xt, H, ly.w13 + (I + c) * H, H, M, 0, n);
-          for (int64_t m = 0; m < M; ++m)
-            rowops::silu_mul(h.data() + m * I + c, gbuf + m * kFfnChunk, ubuf + m * kFfnChunk, n);
+          kn.gemv(elem, gbuf, kFfnChunk, xt, H, ly.w13 + c * H, H, M, 0, n);
+          kn.gemv(elem, ubuf, kFfnChunk, xt, H, ly.w13 + (I + c) * H, H, M, 0, n);
+          kn.silu_mul(elem, h.data() + c, I, gbuf, ubuf, kFfnChunk, 0, M, n);
         }
         const auto [n0, n1] = split(H, t, team, 8);
         warm(ly.w2, I, n0, n1);
@@ -259,7 +276,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
       barrier();
       {
         const auto [n0, n1] = split(H, t, team, 8);
-        gemv::rows(x, H, h.data(), I, ly.w2, I, M, n0, n1);
+        kn.gemv(elem, x, H, h.data(), I, ly.w2, I, M, n0, n1);
         if (l + 1 < L) {
           const auto [q0, q1] = split(Nqkv, t, team, 8);
           warm(layers[l + 1].qkv, H, q0, q1);

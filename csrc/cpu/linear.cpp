@@ -1,19 +1,21 @@
 // cpu/linear.cpp — skinny_linear: out[M, N] = x[M, K] · W[N, K]ᵀ for small M (decode: M = batch ≤ 16).
 //
-// The kernel is gemv::rows (gemv.h: W streamed once per call, register tiles, AVX-512 / AVX-512 BF16 /
-// portable paths), parallel over blocks of output columns n (at::parallel_for). Results do not depend on
-// the thread count (each dot product is computed the same way whatever the split).
+// Decode matmuls are memory-bound GEMVs: every weight byte is read once per step. This glue checks the
+// arguments and splits the output columns over threads (at::parallel_for); the per-ISA GEMV core
+// (csrc/cpu/isa/gemv.cpp, shared with the fused decode step) streams W exactly once per call for any M ≤ 16.
+// Results do not depend on the thread count.
 // Prefill-sized M goes to ATen's GEMM (the Python wrapper `ops.linear` picks).
 #include <torch/library.h>
 
 #include "../checks/common.h"
 #include "common.h"
-#include "gemv.h"
+#include "isa/gemv.h"
+#include "isa_dispatch.h"
 
 namespace mk::cpu {
 namespace {
 
-constexpr int kMaxM = gemv::kMaxM;
+constexpr int64_t kMaxM = kGemvMaxM;
 
 void skinny_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight) {
   constexpr const char* op = "skinny_linear";
@@ -42,12 +44,12 @@ void skinny_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
   }
   // work per output column: the bytes of its weight row; at least 16 columns per task.
   const int64_t grain = parallel_grain(K * static_cast<int64_t>(x.element_size()), 16);
-  MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* wp = weight.const_data_ptr<scalar_t>();
-    scalar_t* op_ = out.data_ptr<scalar_t>();
-    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { gemv::rows(op_, N, xp, K, wp, K, M, n0, n1); });
-  });
+  const auto kernel = MK_ISA_CALL(gemv_rows);
+  const Elem elem = elem_of(x.scalar_type());
+  const void* xp = x.const_data_ptr();
+  const void* wp = weight.const_data_ptr();
+  void* op_ = out.data_ptr();
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { kernel(elem, op_, N, xp, K, wp, K, M, n0, n1); });
 }
 
 }  // namespace

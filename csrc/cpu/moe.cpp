@@ -1,4 +1,4 @@
-// cpu/moe.cpp — native CPU top-k MoE (MK_MOE_OPS; fp32, bf16): topk_softmax, moe_permute, moe_unpermute,
+// cpu/moe.cpp — native CPU top-k MoE (MK_MOE_OPS; fp32, bf16, fp16): topk_softmax, moe_permute, moe_unpermute,
 // fused_moe, moe_expert_ffn.
 // Shapes: T tokens, H hidden, I intermediate, E experts, k top-k, M = T·k permuted rows.
 //
@@ -24,7 +24,8 @@
 #include "../checks/moe.h"
 #include "../kernels/common.cuh"
 #include "common.h"
-#include "vec_math.h"
+#include "isa/norm.h"
+#include "isa_dispatch.h"
 
 namespace mk::cpu {
 namespace {
@@ -158,21 +159,22 @@ void linear_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& w) {
   }
 }
 
-// act[r] = silu(gate[r]) * up[r] for rows [r0, r1), fp32 math, stored in T.
-template <typename T>
-void silu_mul_rows(T* act, const T* gate, const T* up, int64_t r0, int64_t r1, int64_t I) {
+// act[r] = silu(gate[r]) * up[r] for rows [r0, r1), fp32 math, stored in the dtype (the per-ISA SwiGLU of
+// silu_and_mul, csrc/cpu/isa/norm.cpp).
+void silu_mul_rows(at::Tensor& act, const at::Tensor& gate, const at::Tensor& up, int64_t r0, int64_t r1) {
+  const int64_t I = act.size(1);
+  const auto kernel = MK_ISA_CALL(silu_mul_rows);
+  const Elem elem = elem_of(act.scalar_type());
+  void* o = act.data_ptr();
+  const void* g = gate.const_data_ptr();
+  const void* u = up.const_data_ptr();
   // work per row: 2 per output (silu, the product), as silu_and_mul
-  at::parallel_for(r0, r1, parallel_grain(2 * I), [&](int64_t a, int64_t b) {
-    for (int64_t r = a; r < b; ++r)
-      for (int64_t i = 0; i < I; ++i)  // silu_f: polynomial exp, the loop vectorises
-        act[r * I + i] = from_f<T>(silu_f(to_f(gate[r * I + i])) * to_f(up[r * I + i]));
-  });
+  at::parallel_for(r0, r1, parallel_grain(2 * I), [&](int64_t a, int64_t b) { kernel(elem, o, I, g, u, I, a, b, I); });
 }
 
 // y[rows of segment e] = w2[e]·(silu(w1[e]·a) * w3[e]·a) for the G experts, a = permuted rows of the
 // segment (segment e = rows [offsets[e], offsets[e+1])). Empty segments cost nothing; other rows of y
 // are not written.
-template <typename T>
 void expert_segments(at::Tensor& y, const at::Tensor& permuted, const int64_t* offsets, int64_t G,
                      const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
   const int64_t M = permuted.size(0), I = w1.size(1);
@@ -185,7 +187,7 @@ void expert_segments(at::Tensor& y, const at::Tensor& permuted, const int64_t* o
     at::Tensor g = gate.narrow(0, r0, n), u = up.narrow(0, r0, n);
     linear_into(g, a, w1.select(0, e));
     linear_into(u, a, w3.select(0, e));
-    silu_mul_rows(act.data_ptr<T>(), gate.const_data_ptr<T>(), up.const_data_ptr<T>(), r0, r0 + n, I);
+    silu_mul_rows(act, gate, up, r0, r0 + n);
     at::Tensor ye = y.narrow(0, r0, n);
     linear_into(ye, act.narrow(0, r0, n), w2.select(0, e));
   }
@@ -199,9 +201,7 @@ void moe_expert_ffn(at::Tensor& out, const at::Tensor& permuted_x, const at::Ten
   check::expert_ffn_args(op, out, permuted_x, expert_offsets, w1, w2, w3, kFloatTypes);
   out.zero_();
   if (permuted_x.size(0) == 0) return;
-  MK_CPU_DISPATCH(permuted_x.scalar_type(), op, [&] {
-    expert_segments<scalar_t>(out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), w1.size(0), w1, w2, w3);
-  });
+  expert_segments(out, permuted_x, expert_offsets.const_data_ptr<int64_t>(), w1.size(0), w1, w2, w3);
 }
 
 void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& w1,
@@ -233,7 +233,7 @@ void fused_moe(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weig
       build_permutation(ids.const_data_ptr<int32_t>(), mc, E, offsets.data(), inv_perm.data_ptr<int32_t>());
       gather_rows(static_cast<char*>(permuted.data_ptr()), static_cast<const char*>(x_c.const_data_ptr()),
                   inv_perm.const_data_ptr<int32_t>(), mc, k, H * x.element_size());
-      expert_segments<scalar_t>(y_c, permuted.narrow(0, 0, mc), offsets.data(), E, w1, w2, w3);
+      expert_segments(y_c, permuted.narrow(0, 0, mc), offsets.data(), E, w1, w2, w3);
       unpermute_rows(out.data_ptr<scalar_t>() + t0 * H, y.const_data_ptr<scalar_t>(), weights.const_data_ptr<float>(),
                      inv_perm.const_data_ptr<int32_t>(), tc, k, H);
     }

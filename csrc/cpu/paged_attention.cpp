@@ -1,4 +1,4 @@
-// cpu/paged_attention.cpp — the native CPU paged KV cache and attention ops (MK_ATTENTION_OPS, fp32, bf16):
+// cpu/paged_attention.cpp — the native CPU paged KV cache and attention ops (MK_ATTENTION_OPS, fp32, bf16, fp16):
 // reshape_and_cache, paged_decode_attention, paged_prefill_attention.
 //
 // Shapes: T tokens, B sequences, Tq packed query tokens, Hq / Hkv heads, G = Hq/Hkv (GQA group), D head_dim,
@@ -12,18 +12,24 @@
 // -1 skips the token). A pure copy: bit-exact. Parallel over tokens.
 //
 // Work split: parallel over (sequence, kv head[, partition / query tile]); the G q heads of one kv
-// head are processed together, so each K/V row is converted and read once per group (attention_core.h).
+// head are processed together, so each K/V row is converted and read once per group (the per-ISA scan,
+// csrc/cpu/isa/attention_core.h; this file loads q, splits the work, merges and stores).
 // Decode split-K: the visible keys of a sequence are cut into partitions of `partition_size` keys
 // (auto: 1024) counted from the first visible key; partial (m, l, acc) states are merged in partition
 // order afterwards. Partition boundaries depend only on the inputs, never on the thread count, so the
 // result is bit-identical run to run.
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "../checks/attention.h"
-#include "attention_core.h"
+#include "../kernels/common.cuh"
 #include "common.h"
+#include "isa/attention.h"
+#include "isa_dispatch.h"
 
 namespace mk::cpu {
 namespace {
@@ -64,22 +70,52 @@ struct Geometry {
 };
 
 // Loads the G heads of kv head `kvh` of query token row `q_tok` (scaled, fp32) into rows [r0, r0+G).
-// bf16 also keeps the unscaled rows in `raw` (for the AVX-512 BF16 scan, attention_core.h).
+// 16-bit dtypes also keep the unscaled rows in `raw` (for the AVX-512 BF16 scan, csrc/cpu/isa/attention_core.h).
 template <typename T>
 inline void load_q_group(const T* q_tok, int64_t kvh, int64_t G, int64_t D, float scale, float* dst, T* raw) {
   const T* src = q_tok + kvh * G * D;
   for (int64_t i = 0; i < G * D; ++i) dst[i] = to_f(src[i]) * scale;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) std::copy(src, src + G * D, raw);
+  if constexpr (!std::is_same_v<T, float>) std::copy(src, src + G * D, raw);
 }
 
-// Points rows.qb at the raw bf16 rows (fp32 caches: none).
+// out_row = acc / l (0 for a row that saw no key).
 template <typename T>
-inline void attach_raw_q(attn::Rows& rows, const std::vector<T>& raw, float scale) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    rows.qb = raw.data();
-    rows.qscale = scale;
-  }
+inline void store_row(T* out, const float* acc, float l, int64_t D) {
+  const float inv = OnlineSoftmax::normalizer(l);
+  for (int64_t d = 0; d < D; ++d) out[d] = from_f<T>(acc[d] * inv);
 }
+
+inline float std_exp(float x) { return std::exp(x); }
+
+// Per-thread state of R query rows and the scan's scratch; scan() streams keys [kbeg, kend) of one
+// sequence / kv head through the rows with the per-ISA kernel (csrc/cpu/isa/attention.h), chosen by the
+// caller before its parallel region: MK_ISA_CALL(attn_scan).
+using ScanFn = void (*)(const AttnScan&);
+
+template <typename T>
+struct RowBlock {
+  ScanFn kernel;
+  int64_t R, D;
+  std::vector<float> q, acc, scores, kbuf, vbuf;
+  std::vector<OnlineSoftmax> st;
+  std::vector<T> raw;
+  std::vector<int64_t> lo, hi;
+  RowBlock(ScanFn kernel_, int64_t R_, int64_t D_)
+      : kernel(kernel_), R(R_), D(D_), q(R_ * D_), acc(R_ * D_), scores(R_ * kAttnScanChunk), kbuf(kAttnScanChunk * D_),
+        vbuf(kAttnScanChunk * D_), st(R_), raw(R_ * D_), lo(R_), hi(R_) {}
+  void reset() {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    std::fill(st.begin(), st.end(), OnlineSoftmax{});
+  }
+  // Scans with the first `rows` ≤ R rows.
+  void scan(int64_t rows, const PagedKV<const T>& kv, int64_t kbeg, int64_t kend, float scale) {
+    static_assert(sizeof(OnlineSoftmax) == 2 * sizeof(float));
+    const AttnScan a{kElem<T>, rows, D, q.data(), std::is_same_v<T, float> ? nullptr : raw.data(), scale, acc.data(),
+                     st.data(), lo.data(), hi.data(), kv.k, kv.v, kv.block_table, kv.slot_stride, kv.block_size,
+                     kv.num_blocks, kbeg, kend, scores.data(), kbuf.data(), vbuf.data()};
+    kernel(a);
+  }
+};
 
 template <typename T>
 void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -105,34 +141,28 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
     ws_st.resize(g.B * g.Hkv * P * g.G);
   }
   const int64_t items = g.B * g.Hkv * P;
+  const ScanFn scan = MK_ISA_CALL(attn_scan);
   // work per item: multiply-adds of a partition's scores (the P·V pass costs as much again)
   at::parallel_for(0, items, parallel_grain(std::min(max_range, part) * g.G * g.D), [&](int64_t i0, int64_t i1) {
-    attn::Scratch sc;
-    sc.reserve(g.G, g.D);
-    std::vector<float> qbuf(g.G * g.D), acc(g.G * g.D);
-    std::vector<OnlineSoftmax> st(g.G);
-    std::vector<T> qraw(g.G * g.D);
-    std::vector<int64_t> lo(g.G), hi(g.G);
+    RowBlock<T> rb(scan, g.G, g.D);
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t p = it % P, kvh = (it / P) % g.Hkv, b = it / (P * g.Hkv);
       const int64_t L = sl[b], first = first_visible_key(L - 1, window);
       const int64_t kbeg = first + p * part, kend = std::min(L, kbeg + part);
-      attn::Rows rows{g.G, g.D, qbuf.data(), acc.data(), st.data(), lo.data(), hi.data()};
-      attach_raw_q(rows, qraw, scale);
-      rows.reset();
+      rb.reset();
       if (kbeg < kend) {
-        std::fill(lo.begin(), lo.end(), first);
-        std::fill(hi.begin(), hi.end(), L);
-        load_q_group(qp + b * q_stride, kvh, g.G, g.D, scale, qbuf.data(), qraw.data());
-        attn::scan_keys(rows, cache.sequence(b, static_cast<int>(kvh), static_cast<int>(g.D)), kbeg, kend, sc);
+        std::fill(rb.lo.begin(), rb.lo.end(), first);
+        std::fill(rb.hi.begin(), rb.hi.end(), L);
+        load_q_group(qp + b * q_stride, kvh, g.G, g.D, scale, rb.q.data(), rb.raw.data());
+        rb.scan(g.G, cache.sequence(b, static_cast<int>(kvh), static_cast<int>(g.D)), kbeg, kend, scale);
       }
       if (P == 1) {
         for (int64_t r = 0; r < g.G; ++r)
-          attn::store_row(op + b * g.Hq * g.D + (kvh * g.G + r) * g.D, acc.data() + r * g.D, st[r].l, g.D);
+          store_row(op + b * g.Hq * g.D + (kvh * g.G + r) * g.D, rb.acc.data() + r * g.D, rb.st[r].l, g.D);
       } else {
         const int64_t w = it * g.G;  // == ((b*Hkv + kvh)*P + p) * G
-        std::copy(acc.begin(), acc.end(), ws_acc.begin() + w * g.D);
-        std::copy(st.begin(), st.end(), ws_st.begin() + w);
+        std::copy(rb.acc.begin(), rb.acc.end(), ws_acc.begin() + w * g.D);
+        std::copy(rb.st.begin(), rb.st.end(), ws_st.begin() + w);
       }
     }
   });
@@ -143,17 +173,18 @@ void decode_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t b = it / g.Hq, h = it % g.Hq, kvh = h / g.G, r = h % g.G;
       auto idx = [&](int64_t p) { return ((b * g.Hkv + kvh) * P + p) * g.G + r; };
-      float mx = attn::kNegInf;
+      float mx = -std::numeric_limits<float>::infinity();
       for (int64_t p = 0; p < P; ++p) mx = OnlineSoftmax::nan_max(mx, ws_st[idx(p)].m);
       std::fill(acc.begin(), acc.end(), 0.f);
       float l = 0.f;
       for (int64_t p = 0; p < P; ++p) {
-        const float w = OnlineSoftmax::weight(ws_st[idx(p)].m, mx, attn::std_exp);
+        const float w = OnlineSoftmax::weight(ws_st[idx(p)].m, mx, std_exp);
         if (w == 0.f) continue;  // a partition that saw no key
         l += w * ws_st[idx(p)].l;
-        attn::axpy(acc.data(), w, ws_acc.data() + idx(p) * g.D, g.D);
+        const float* part_acc = ws_acc.data() + idx(p) * g.D;
+        for (int64_t d = 0; d < g.D; ++d) acc[d] += w * part_acc[d];
       }
-      attn::store_row(op + it * g.D, acc.data(), l, g.D);
+      store_row(op + it * g.D, acc.data(), l, g.D);
     }
   });
 }
@@ -175,18 +206,15 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
   for (int64_t b = 0; b < g.B; ++b)
     for (int64_t i = 0; i < cu[b + 1] - cu[b]; i += QT) tiles.emplace_back(b, i);
   const int64_t items = static_cast<int64_t>(tiles.size()) * g.Hkv;
+  const ScanFn scan = MK_ISA_CALL(attn_scan);
   int64_t max_len = 0;
   for (int64_t b = 0; b < g.B; ++b) max_len = std::max<int64_t>(max_len, sl[b]);
   const int64_t keys = window > 0 ? std::min(max_len, window + QT) : max_len;  // upper bound per tile
   // work per item: multiply-adds of a tile's scores
   at::parallel_for(0, items, parallel_grain(QT * g.G * keys * g.D), [&](int64_t i0, int64_t i1) {
-    const int64_t R = QT * g.G;
-    attn::Scratch sc;
-    sc.reserve(R, g.D);
-    std::vector<float> qbuf(R * g.D), acc(R * g.D);
-    std::vector<OnlineSoftmax> st(R);
-    std::vector<T> qraw(R * g.D);
-    std::vector<int64_t> lo(R), hi(R);
+    RowBlock<T> rb(scan, QT * g.G, g.D);
+    auto& lo = rb.lo;
+    auto& hi = rb.hi;
     for (int64_t it = i0; it < i1; ++it) {
       const auto [b, t0] = tiles[it / g.Hkv];
       const int64_t kvh = it % g.Hkv;
@@ -194,20 +222,17 @@ void prefill_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cach
       const int64_t nq = std::min(QT, qlen - t0), nrows = nq * g.G;
       for (int64_t i = 0; i < nq; ++i) {
         const int64_t pos = L - qlen + t0 + i;
-        load_q_group(qp + (cu[b] + t0 + i) * q_stride, kvh, g.G, g.D, scale, qbuf.data() + i * g.G * g.D,
-                     qraw.data() + i * g.G * g.D);
+        load_q_group(qp + (cu[b] + t0 + i) * q_stride, kvh, g.G, g.D, scale, rb.q.data() + i * g.G * g.D,
+                     rb.raw.data() + i * g.G * g.D);
         std::fill(lo.begin() + i * g.G, lo.begin() + (i + 1) * g.G, first_visible_key(pos, window));
         std::fill(hi.begin() + i * g.G, hi.begin() + (i + 1) * g.G, pos + 1);
       }
-      attn::Rows rows{nrows, g.D, qbuf.data(), acc.data(), st.data(), lo.data(), hi.data()};
-      attach_raw_q(rows, qraw, scale);
-      rows.reset();
-      attn::scan_keys(rows, cache.sequence(b, static_cast<int>(kvh), static_cast<int>(g.D)), lo[0], hi[nrows - 1],
-                      sc);
+      rb.reset();
+      rb.scan(nrows, cache.sequence(b, static_cast<int>(kvh), static_cast<int>(g.D)), lo[0], hi[nrows - 1], scale);
       for (int64_t i = 0; i < nq; ++i)
         for (int64_t r = 0; r < g.G; ++r)
-          attn::store_row(op + ((cu[b] + t0 + i) * g.Hq + kvh * g.G + r) * g.D, acc.data() + (i * g.G + r) * g.D,
-                          st[i * g.G + r].l, g.D);
+          store_row(op + ((cu[b] + t0 + i) * g.Hq + kvh * g.G + r) * g.D, rb.acc.data() + (i * g.G + r) * g.D,
+                    rb.st[i * g.G + r].l, g.D);
     }
   });
 }

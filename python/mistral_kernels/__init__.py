@@ -6,7 +6,8 @@ Ops live in :mod:`mistral_kernels.ops` (CPU and CUDA tensors), their SIMT-emulat
 
 from __future__ import annotations
 
-from ._library import cuda_compiled, emulator_compiled, library_path
+from ._library import (CPU_ISA_LEVELS, cpu_isa, cpu_isa_supported, cuda_compiled, emulator_compiled,
+                       library_path, set_cpu_isa)
 
 __version__ = "0.1.0"
 
@@ -18,10 +19,13 @@ from .tokenization import Tokenizer, load_tokenizer  # noqa: E402
 from .llm import LLM  # noqa: E402
 
 __all__ = [
+    "CPU_ISA_LEVELS",
     "LLM",
     "Model",
     "ModelConfig",
     "__version__",
+    "cpu_isa",
+    "cpu_isa_supported",
     "cuda_compiled",
     "emulator_compiled",
     "library_path",
@@ -30,4 +34,5 @@ __all__ = [
     "Tokenizer",
     "ops",
     "reference",
+    "set_cpu_isa",
 ]

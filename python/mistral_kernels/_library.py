@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -45,3 +46,42 @@ def cuda_compiled() -> bool:
 def emulator_compiled() -> bool:
     """True when the SIMT-emulated CUDA kernels (namespace ``mistral_kernels_emu``) were built."""
     return torch._C._dispatch_has_kernel_for_dispatch_key("mistral_kernels_emu::rms_norm", "CPU")
+
+
+# ---- CPU ISA level (csrc/cpu/isa_select.cpp) ------------------------------------------------------------
+CPU_ISA_LEVELS = ("avx512bf16", "avx512", "avx2", "generic")  # best first; MK_CPU_ISA forces one
+_ENV_CPU_ISA = "MK_CPU_ISA"
+
+
+def _native() -> ctypes.CDLL:
+    return ctypes.CDLL(str(_PATH))  # the handle of the library loaded above
+
+
+def cpu_isa() -> str:
+    """The ISA level the CPU kernels run: the best one this CPU supports, or the one ``MK_CPU_ISA`` forces.
+
+    Raises RuntimeError when ``MK_CPU_ISA`` names an unknown level or one this CPU does not support (the
+    CPU ops raise the same error).
+    """
+    buf = ctypes.create_string_buffer(512)
+    if _native().mk_cpu_isa(buf, ctypes.c_size_t(len(buf))) != 0:
+        raise RuntimeError(buf.value.decode())
+    return buf.value.decode()
+
+
+def set_cpu_isa(level: str | None) -> None:
+    """Run the CPU kernels at ``level`` from now on (None: back to ``MK_CPU_ISA`` or the CPUID choice).
+
+    For tests and benchmarks that compare levels in one process. ValueError for an unknown level or one
+    this CPU does not support.
+    """
+    err = ctypes.create_string_buffer(512)
+    if _native().mk_cpu_isa_set(None if level is None else level.encode(), err, ctypes.c_size_t(len(err))) != 0:
+        raise ValueError(f"set_cpu_isa: {err.value.decode()}")
+
+
+def cpu_isa_supported(level: str) -> bool:
+    """Whether this CPU (and this build: other architectures have ``generic`` only) can run ``level``."""
+    if level not in CPU_ISA_LEVELS:
+        raise ValueError(f"cpu_isa_supported: level must be one of {', '.join(CPU_ISA_LEVELS)}, got {level!r}")
+    return _native().mk_cpu_isa_supported(level.encode()) == 1

@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_quant_arguments(serve)
     add_moe_parallel_argument(serve)
 
-    i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token")
+    i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token, "
+                                    "CPU ISA level")
     i.add_argument("--model", help="as for generate (default: the default model)")
     i.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
                    help="dtype for the byte counts (auto = the checkpoint's own)")
@@ -342,6 +343,7 @@ def _info(args: argparse.Namespace) -> int:
     window = f" (sliding window {c.sliding_window}: at most {c.sliding_window * kv / 2**20:.1f} MiB per sequence)" \
         if c.sliding_window else ""
     print(f"KV cache: {kv:,} bytes per token in {name}{window}")
+    print(_cpu_isa_line())
     if args.tp > 1:
         from .parallel import local_config, parameters_per_rank
 
@@ -355,6 +357,22 @@ def _info(args: argparse.Namespace) -> int:
         print(f"tensor parallel {args.tp}{moe}: per rank {per_rank:,} parameters ({per_rank / 1e9:.3f} B), "
               f"{per_rank * elem / 2**30:.3f} GiB in {name}, KV cache {kv_rank:,} bytes per token")
     return 0
+
+
+def _cpu_isa_line() -> str:
+    """``CPU ISA: <level> (...)``: the level the CPU kernels run and how it was chosen (README "CPU ISA levels")."""
+    import os
+
+    from ._library import CPU_ISA_LEVELS, cpu_isa, cpu_isa_supported
+
+    supported = ", ".join(lv for lv in CPU_ISA_LEVELS if cpu_isa_supported(lv))
+    forced = os.environ.get("MK_CPU_ISA")
+    try:
+        level = cpu_isa()
+    except RuntimeError as e:
+        return f"CPU ISA: error: {e}"
+    how = f"forced by MK_CPU_ISA={forced}" if forced else "best this CPU supports"
+    return f"CPU ISA: {level} ({how}; this CPU: {supported})"
 
 
 def _format_table(table: dict[str, list[int]]) -> str:

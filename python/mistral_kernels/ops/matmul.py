@@ -2,7 +2,7 @@
 
 Shape letters: M rows (tokens), K in features, N out features.
 
-Decode-sized inputs on the CPU (M ≤ 16, fp32 / bf16) go to our ``skinny_linear`` kernel
+Decode-sized inputs on the CPU (M ≤ 16, fp32 / bf16 / fp16) go to our ``skinny_linear`` kernel
 (csrc/cpu/linear.cpp), which streams the weight once at memory bandwidth; everything else (prefill,
 CUDA tensors) goes to torch's GEMM (oneDNN / cuBLAS), which is compute-bound and already good there.
 
@@ -17,7 +17,7 @@ import torch
 from .quant import QuantOps
 
 SKINNY_MAX_M = 16  # must match kMaxM in csrc/cpu/linear.cpp
-_SKINNY_DTYPES = (torch.float32, torch.bfloat16)
+_SKINNY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _skinny_linear = torch.ops.mistral_kernels.skinny_linear.default
 
 

@@ -1,4 +1,4 @@
-// cpu/attention_core.h — the inner loop of the native CPU paged attention (decode and prefill).
+// cpu/isa/attention_core.h — the inner loop of the native CPU paged attention (decode and prefill).
 //
 // Shapes: R query rows handled together (the q heads of one GQA group × a few query tokens), D head_dim,
 // S block_size, Hkv kv heads, C keys per chunk (kChunk).
@@ -14,7 +14,8 @@
 // Row r only sees keys lo[r] ≤ j < hi[r] (causal / sliding window); masked keys get p = 0 and are never
 // multiplied, so NaN/garbage in cache slots outside the visible ranges cannot reach the output. A NaN
 // score of a visible key poisons the row's state (OnlineSoftmax, csrc/kernels/common.cuh: NaN rule), so
-// the row's output is NaN, as on the GPU; store_row's normalizer gives 0 only to rows that saw no key.
+// the row's output is NaN, as on the GPU; the caller's store (OnlineSoftmax::normalizer) gives 0 only to rows
+// that saw no key.
 #pragma once
 
 #include <algorithm>
@@ -22,14 +23,14 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
-#include "../kernels/common.cuh"
+#include "../../kernels/common.cuh"
 #include "attention_avx512.h"
-#include "common.h"
+#include "target.h"
 #include "vec_math.h"
 
-namespace mk::cpu::attn {
+MK_ISA_BEGIN
+namespace attn {
 
 inline constexpr int64_t kChunk = 32;
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -102,18 +103,12 @@ inline void accumulate_pv(float* __restrict acc, const float* p, const float* co
   }
 }
 
-inline void axpy(float* __restrict y, float a, const float* __restrict x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// Per-thread buffers for one scan: scores [R][C], converted K/V rows [C][D] (bf16 only).
+// Per-thread buffers for one scan (the caller's): scores [R][kChunk], converted K/V rows [kChunk][D]
+// (16-bit caches only).
 struct Scratch {
-  std::vector<float> scores, kbuf, vbuf;
-  void reserve(int64_t R, int64_t D) {
-    scores.resize(R * kChunk);
-    kbuf.resize(kChunk * D);
-    vbuf.resize(kChunk * D);
-  }
+  float* scores;
+  float* kbuf;
+  float* vbuf;
 };
 
 // State of R rows: q [R][D] (pre-multiplied by the softmax scale), acc [R][D], softmax states st [R],
@@ -127,15 +122,12 @@ struct Rows {
   const int64_t* hi;
   // Optional (bf16 caches): the same q rows unscaled in bf16 [R][D], q = qb · qscale. The AVX-512 BF16
   // scan uses them (exact bf16 products); the portable scan uses q.
-  const c10::BFloat16* qb = nullptr;
+  const bf16* qb = nullptr;
   float qscale = 1.f;
-  void reset() const {
-    std::fill(acc, acc + R * D, 0.f);
-    std::fill(st, st + R, OnlineSoftmax{});
-  }
 };
 
-// Rows of `n` keys starting at `base` (stride `stride` elements) as fp32 pointers; bf16 is converted into buf.
+// Rows of `n` keys starting at `base` (stride `stride` elements) as fp32 pointers; bf16 / f16 are converted
+// into buf.
 template <typename T>
 inline void rows_as_float(const T* base, int64_t stride, int64_t n, int64_t D, float* buf, const float** ptrs) {
   if constexpr (std::is_same_v<T, float>) {
@@ -169,12 +161,12 @@ inline void prefetch_rows(const T* base, int64_t stride, int64_t n, int64_t D) {
 // Chunks of ≤ 16 keys inside one physical block: scores of every row, one softmax update per row and
 // chunk, then P·V in tiles of ≤ 4 rows.
 template <int QV>
-void scan_keys_bf16(const Rows& rows, const PagedKV<const c10::BFloat16>& kv, int64_t kbeg, int64_t kend,
+void scan_keys_bf16(const Rows& rows, const PagedKV<const bf16>& kv, int64_t kbeg, int64_t kend,
                     Scratch& sc) {
   namespace v = avx512;
   constexpr int64_t C = v::kVecChunk;
   const int64_t R = rows.R, D = rows.D, S = kv.block_size, key_stride = kv.slot_stride;
-  float* P = sc.scores.data();  // [R][kChunk], kChunk ≥ C
+  float* P = sc.scores;  // [R][kChunk], kChunk ≥ C
   uint32_t row_live[4];
   int64_t j = kbeg;
   while (j < kend) {
@@ -185,8 +177,8 @@ void scan_keys_bf16(const Rows& rows, const PagedKV<const c10::BFloat16>& kv, in
       prefetch_rows(kv.k + kv.row(slotn), key_stride, nn, D);
       prefetch_rows(kv.v + kv.row(slotn), key_stride, nn, D);
     }
-    const c10::BFloat16* k0 = kv.k + kv.row(slot0);
-    const c10::BFloat16* v0 = kv.v + kv.row(slot0);
+    const bf16* k0 = kv.k + kv.row(slot0);
+    const bf16* v0 = kv.v + kv.row(slot0);
     for (int64_t r0 = 0; r0 < R; r0 += 4) {
       const int nr = static_cast<int>(std::min<int64_t>(4, R - r0));
       uint32_t live = 0;
@@ -235,7 +227,7 @@ template <typename T>
 void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64_t kend, Scratch& sc) {
   const int64_t R = rows.R, D = rows.D, S = kv.block_size, key_stride = kv.slot_stride;
 #if MK_CPU_ATTN_AVX512BF16
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, bf16>) {
     if (rows.qb != nullptr) {  // D: multiples of 64 that the register tiles cover (QV = D/32)
       switch (D) {
         case 64: return scan_keys_bf16<2>(rows, kv, kbeg, kend, sc);
@@ -248,7 +240,7 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
 #endif
   const float* kp[kChunk];
   const float* vp[kChunk];
-  float* scores = sc.scores.data();
+  float* scores = sc.scores;
   int64_t j = kbeg;
   while (j < kend) {
     const int64_t n = std::min({kChunk, S - j % S, kend - j});  // keys of this chunk, inside one block
@@ -258,7 +250,7 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
       prefetch_rows(kv.k + kv.row(slotn), key_stride, nn, D);
       prefetch_rows(kv.v + kv.row(slotn), key_stride, nn, D);
     }
-    rows_as_float(kv.k + kv.row(slot0), key_stride, n, D, sc.kbuf.data(), kp);
+    rows_as_float(kv.k + kv.row(slot0), key_stride, n, D, sc.kbuf, kp);
     bool any = false;
     for (int64_t r = 0; r < R; ++r) {
       float* s = scores + r * kChunk;
@@ -293,7 +285,7 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
       st.add(alpha, sum);
     }
     if (any) {
-      rows_as_float(kv.v + kv.row(slot0), key_stride, n, D, sc.vbuf.data(), vp);
+      rows_as_float(kv.v + kv.row(slot0), key_stride, n, D, sc.vbuf, vp);
       for (int64_t r = 0; r < R; ++r) {
         accumulate_pv(rows.acc + r * D, scores + r * kChunk, vp, n, D);
       }
@@ -302,11 +294,5 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
   }
 }
 
-// out_row = acc / l (0 for a row that saw no key).
-template <typename T>
-inline void store_row(T* out, const float* acc, float l, int64_t D) {
-  const float inv = OnlineSoftmax::normalizer(l);
-  for (int64_t d = 0; d < D; ++d) out[d] = from_f<T>(acc[d] * inv);
-}
-
-}  // namespace mk::cpu::attn
+}  // namespace attn
+MK_ISA_END

@@ -1,4 +1,4 @@
-// cpu/vec_math_avx512.h — AVX-512 versions of vec_math.h helpers (16 fp32 lanes) for hot loops that the
+// cpu/isa/vec_math_avx512.h — AVX-512 versions of vec_math.h helpers (16 fp32 lanes) for hot loops that the
 // compiler does not vectorise well: exp, silu, bf16 ↔ fp32 loads and stores.
 // Compiled only when the target has AVX-512 F + BW (MK_CPU_AVX512); callers keep the portable path.
 #pragma once
@@ -7,11 +7,12 @@
 #define MK_CPU_AVX512 1
 #include <immintrin.h>
 
-#include <c10/util/BFloat16.h>
+#include "target.h"
 
 #include <limits>
 
-namespace mk::cpu::avx512 {
+MK_ISA_BEGIN
+namespace avx512 {
 
 // exp of 16 floats: the range reduction and polynomial of exp_f (vec_math.h), 2^n applied by vscalefps
 // (no integer exponent arithmetic). x < -87.3 (incl. -inf) → 0, x > 88.7 → +inf, NaN → NaN.
@@ -34,7 +35,7 @@ inline __m512 exp16(__m512 x) {
                             _mm512_set1_ps(std::numeric_limits<float>::infinity()));
 }
 
-inline __m512 load_bf16x16(const c10::BFloat16* p) {
+inline __m512 load_bf16x16(const bf16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
@@ -42,7 +43,7 @@ inline __m512 load_bf16x16(const c10::BFloat16* p) {
 // 16 floats → bf16, round to nearest even. With AVX512_BF16 one vcvtneps2bf16 (it flushes fp32
 // denormals, |x| < 1.2e-38, to ±0 — the only difference from from_f); otherwise integer rounding
 // bit-identical to from_f<BFloat16> (NaN → 0x7fc0).
-inline void store_bf16x16(c10::BFloat16* p, __m512 x) {
+inline void store_bf16x16(bf16* p, __m512 x) {
 #if defined(__AVX512BF16__)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(x));
 #else
@@ -55,9 +56,14 @@ inline void store_bf16x16(c10::BFloat16* p, __m512 x) {
 }
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) { return load_bf16x16(p); }
+inline __m512 load16(const bf16* p) { return load_bf16x16(p); }
 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-inline void store16(c10::BFloat16* p, __m512 x) { store_bf16x16(p, x); }
+inline void store16(bf16* p, __m512 x) { store_bf16x16(p, x); }
+// float16: vcvtph2ps / vcvtps2ph (AVX-512F), round to nearest even as from_f<f16>.
+inline __m512 load16(const f16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline void store16(f16* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 
 // silu(g) = g / (1 + exp(-g)), as silu_f.
 inline __m512 silu16(__m512 g) {
@@ -65,6 +71,7 @@ inline __m512 silu16(__m512 g) {
   return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), e));
 }
 
-}  // namespace mk::cpu::avx512
+}  // namespace avx512
+MK_ISA_END
 
 #endif

@@ -1,4 +1,4 @@
-// cpu/vec_math.h — scalar code shaped so that g++ -O3 vectorises it (AVX2 / AVX-512):
+// cpu/isa/vec_math.h — scalar code shaped so that g++ -O3 vectorises it (AVX2 / AVX-512):
 // a polynomial expf (no libm call, so the loop around it vectorises) and a sum of squares with
 // 16 independent partial sums (a single accumulator is a serial dependency chain under strict FP).
 #pragma once
@@ -6,9 +6,9 @@
 #include <bit>
 #include <cstdint>
 
-#include "common.h"
+#include "target.h"
 
-namespace mk::cpu {
+MK_ISA_BEGIN
 
 // exp(x) for fp32, max relative error ~2e-7 on [-87, 88]; saturates to 0 / +inf outside; NaN → NaN.
 // x = n·ln2 + r with |r| ≤ ln2/2, exp(r) by a degree-6 Taylor/minimax polynomial, 2^n by exponent bits.
@@ -54,4 +54,4 @@ inline float sum_squares(const T* x, int64_t n) {
   return s;
 }
 
-}  // namespace mk::cpu
+MK_ISA_END

@@ -1,4 +1,4 @@
-// cpu/attention_avx512.h — AVX-512 BF16 chunk kernels of the bf16 CPU paged attention (attention_core.h).
+// cpu/isa/attention_avx512.h — AVX-512 BF16 chunk kernels of the bf16 CPU paged attention (attention_core.h).
 //
 // Shapes: R query rows, D head_dim (multiple of 64, ≤ 256), n ≤ 16 keys per chunk (kVecChunk), NR ≤ 4
 // rows per P·V register tile.
@@ -17,17 +17,17 @@
 #define MK_CPU_ATTN_AVX512BF16 1
 #include <immintrin.h>
 
-#include <c10/util/BFloat16.h>
-
+#include "target.h"
 #include "vec_math_avx512.h"
 
 #include <cstdint>
 #include <limits>
 
-namespace mk::cpu::attn::avx512 {
+MK_ISA_BEGIN
+namespace attn::avx512 {
 
-using mk::cpu::avx512::exp16;
-using mk::cpu::avx512::load_bf16x16;
+using MK_ISA_NS::avx512::exp16;
+using MK_ISA_NS::avx512::load_bf16x16;
 
 inline constexpr int64_t kVecChunk = 16;
 
@@ -52,13 +52,13 @@ inline __m512 hsum16(const __m512* v) {
 // Scores of one row for keys [c0, c1) of a chunk of n ≤ 16 keys (key c at k0 + c*stride); lanes outside
 // [c0, c1) are -inf. q: D/32 registers of bf16 pairs.
 template <int QV>
-inline __m512 row_scores(const __m512bh* q, const c10::BFloat16* k0, int64_t stride, int64_t c0, int64_t c1,
+inline __m512 row_scores(const __m512bh* q, const bf16* k0, int64_t stride, int64_t c0, int64_t c1,
                          float scale) {
   __m512 v[16];
   for (int c = 0; c < 16; ++c) {
     __m512 acc = _mm512_setzero_ps();
     if (c >= c0 && c < c1) {
-      const c10::BFloat16* k = k0 + c * stride;
+      const bf16* k = k0 + c * stride;
       for (int i = 0; i < QV; ++i)
         acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(k + 32 * i), q[i]);
     }
@@ -73,7 +73,7 @@ inline __m512 row_scores(const __m512bh* q, const c10::BFloat16* k0, int64_t str
 // union of row_live (the V rows loaded). A key row r cannot see is never multiplied into it (a masked
 // select, not p = 0: 0·NaN would leak a NaN of a key visible only to another row of the tile).
 template <int NR>
-inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const c10::BFloat16* v0, int64_t stride,
+inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const bf16* v0, int64_t stride,
                     uint32_t live, const uint32_t* row_live) {
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     __m512 a[NR][4];
@@ -81,7 +81,7 @@ inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const c10
       for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + r * D + d0 + 16 * u);
     for (uint32_t m = live; m != 0; m &= m - 1) {
       const int c = __builtin_ctz(m);
-      const c10::BFloat16* v = v0 + c * stride + d0;
+      const bf16* v = v0 + c * stride + d0;
       __m512 x[4];
       for (int u = 0; u < 4; ++u) x[u] = load_bf16x16(v + 16 * u);
       for (int r = 0; r < NR; ++r) {
@@ -95,6 +95,7 @@ inline void tile_pv(float* acc, int64_t D, const float* p, int64_t kp, const c10
   }
 }
 
-}  // namespace mk::cpu::attn::avx512
+}  // namespace attn::avx512
+MK_ISA_END
 
 #endif

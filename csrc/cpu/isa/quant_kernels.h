@@ -1,5 +1,6 @@
-// cpu/quant_kernels.h — the CPU kernels of qlinear on quantized weights, framework-free (plain pointers; the
-// ATen glue, argument checks and the prefill GEMM call are csrc/cpu/quant.cpp). Formats and the scalar block
+// cpu/isa/quant_kernels.h — the CPU kernels of qlinear on quantized weights, framework-free (plain pointers;
+// the ATen glue, argument checks and the prefill GEMM call are csrc/cpu/quant.cpp), compiled per ISA level
+// through csrc/cpu/isa/quant.cpp (the AVX-512 / VNNI / BF16 paths run at the levels that have them). Formats and the scalar block
 // decoding they follow: csrc/kernels/quant_blocks.h.
 // Shape letters: M rows of x (tokens), K in features, N out features, QK elements per block, R packed row bytes.
 //
@@ -23,20 +24,30 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 
-#include "../kernels/quant_blocks.h"
+#include "../../kernels/quant_blocks.h"
+#include "target.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MK_QUANT_AVX512 1
 #include <immintrin.h>
 #endif
 
-namespace mk::cpu::quant {
+MK_ISA_BEGIN
+namespace quant {
 
 using ::mk::dequant_block;
 using ::mk::load_fp16;
 using ::mk::QType;
+
+// A heap buffer of n floats (operator new[]: no std template instantiated in a per-ISA object).
+struct FloatBuf {
+  float* p;
+  explicit FloatBuf(int64_t n) : p(new float[n]) {}
+  ~FloatBuf() { delete[] p; }
+  FloatBuf(const FloatBuf&) = delete;
+  FloatBuf& operator=(const FloatBuf&) = delete;
+};
 
 inline constexpr int kMaxMB = 4;  // rows of x per pass over a packed row (4 × 2 accumulators)
 
@@ -343,12 +354,8 @@ void gemv_rows_bf16(const uint8_t* w, int64_t K, const uint16_t* x, const float*
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, nchunks = K / 32;
   float mins_stack[512];
-  std::unique_ptr<float[]> mins_heap;
-  float* mins = mins_stack;
-  if (nchunks > 512) {
-    mins_heap.reset(new float[nchunks]);
-    mins = mins_heap.get();
-  }
+  FloatBuf mins_heap(nchunks > 512 ? nchunks : 0);
+  float* mins = nchunks > 512 ? mins_heap.p : mins_stack;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * R;
     int64_t m = 0;
@@ -525,17 +532,18 @@ void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, nchunks = K / 32;
   constexpr int kNB = 4;  // rows of W per pass at M = 1
-  std::unique_ptr<float[]> mins(new float[kNB * nchunks]);
+  FloatBuf mins_buf(kNB * nchunks);
+  float* mins = mins_buf.p;
   int64_t n = n0;
   if (M == 1 && nchunks < 64) {  // short rows only: on long ones one stream per row measured as fast or faster
     for (; n + kNB <= n1; n += kNB)
-      dot_rows_q8_m1<QT, kNB>(w + n * R, R, nblocks, xq, dx, xs, nchunks, mins.get(), y + n);
+      dot_rows_q8_m1<QT, kNB>(w + n * R, R, nblocks, xq, dx, xs, nchunks, mins, y + n);
   }
   for (; n < n1; ++n) {
     const uint8_t* row = w + n * R;
     int64_t m = 0;
     auto pass = [&]<int MB>() {
-      dot_row_q8<QT, MB>(row, nblocks, xq + m * K, K, dx + m * nchunks, xs + m * nchunks, nchunks, mins.get(),
+      dot_row_q8<QT, MB>(row, nblocks, xq + m * K, K, dx + m * nchunks, xs + m * nchunks, nchunks, mins,
                          y + m * ldy + n, ldy);
       m += MB;
     };
@@ -704,4 +712,5 @@ inline void dequant_rows_i8(const int8_t* w, const float* scales, int64_t K, int
     for (int64_t k = 0; k < K; ++k) dst[(n - n0) * K + k] = bf16_bits(static_cast<float>(w[n * K + k]) * scales[n]);
 }
 
-}  // namespace mk::cpu::quant
+}  // namespace quant
+MK_ISA_END
