@@ -20,6 +20,8 @@ import numpy as np
 
 from mistral_kernels.config import ModelConfig
 
+from .random_checkpoints import gguf_llama_writer
+
 __all__ = ["K_QUANT_SCALES", "Q4_K_M", "gguf_tensors_of", "uniform", "write_quant_gguf"]
 
 Q = gguf.GGMLQuantizationType
@@ -69,19 +71,8 @@ def write_quant_gguf(path: Path, c: ModelConfig, type_of: TypeOf, *, seed: int =
     """Write a random GGUF of ``c`` with each matrix in ``type_of(name, shape)`` (the router F32); returns the
     bytes of tensor data. Values: normal × ``scale`` (the embedding × 10)."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(c.n_layers)
-    w.add_context_length(c.max_position)
-    w.add_embedding_length(c.dim)
-    w.add_feed_forward_length(c.hidden_dim)
-    w.add_head_count(c.n_heads)
-    w.add_head_count_kv(c.n_kv_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.norm_eps)
+    w = gguf_llama_writer(path, c)
     w.add_rope_dimension_count(c.head_dim)
-    w.add_vocab_size(c.vocab_size)
     if c.num_experts:
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.top_k)

@@ -135,12 +135,10 @@ def _write_safetensors(file: Path, tensors: list[tuple[str, tuple[int, ...]]], d
     return offset
 
 
-def _write_gguf(config: ModelConfig, path: Path, tensors: list[tuple[str, tuple[int, ...]]], kind: str,
-                gen: torch.Generator | None) -> int:
+def gguf_llama_writer(path: Path, c: ModelConfig) -> "gguf.GGUFWriter":
+    """A GGUFWriter for a "llama"-architecture file with ``c``'s hyper-parameters written (no tensors yet)."""
     import gguf
 
-    c = config
-    q = gguf.GGMLQuantizationType[kind]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(c.n_layers)
     w.add_context_length(c.max_position)
@@ -153,6 +151,16 @@ def _write_gguf(config: ModelConfig, path: Path, tensors: list[tuple[str, tuple[
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.norm_eps)
     w.add_vocab_size(c.vocab_size)
+    return w
+
+
+def _write_gguf(config: ModelConfig, path: Path, tensors: list[tuple[str, tuple[int, ...]]], kind: str,
+                gen: torch.Generator | None) -> int:
+    import gguf
+
+    c = config
+    q = gguf.GGMLQuantizationType[kind]
+    w = gguf_llama_writer(path, c)
 
     def encode(shape: tuple[int, ...]) -> np.ndarray:
         if len(shape) == 1:
