@@ -56,28 +56,50 @@ def test_packed_step_bytes_are_the_stored_blocks(tmp_path: Path) -> None:
 
 
 # Captured from llama-bench / llama-completion built from llama-cpp-python 0.3.36's vendored llama.cpp.
-BENCH_JSONL = """\
-"""
+BENCH_JSONL = (
+    '{"build_commit": "0c1e570", "build_number": 1, "cpu_info": "AMD EPYC", "gpu_info": "", "backends": "'
+    'CPU", "model_filename": "/root/.cache/mistral-kernels/SmolLM2-135M-Instruct.Q4_1.gguf", "model_type"'
+    ': "llama 256M Q4_1", "model_size": 96576768, "model_n_params": 134515008, "n_batch": 2048, "n_ubatch'
+    '": 512, "n_threads": 2, "cpu_mask": "0x0", "cpu_strict": false, "poll": 50, "type_k": "f16", "type_v'
+    '": "f16", "n_gpu_layers": -1, "n_cpu_moe": 0, "split_mode": "layer", "main_gpu": 0, "no_kv_offload":'
+    ' false, "flash_attn": -1, "devices": "auto", "tensor_split": "0.00", "tensor_buft_overrides": "none"'
+    ', "load_mode": "auto", "lazy_mode": "auto", "embeddings": false, "no_op_offload": 0, "no_host": fals'
+    'e, "repack": true, "fit_target": 0, "fit_min_ctx": 0, "n_prompt": 0, "n_gen": 8, "n_depth": 42, "tes'
+    't_time": "2026-11-24T02:00:24Z", "avg_ns": 218889645, "stddev_ns": 0, "avg_ts": 36.548097, "stddev_t'
+    's": 0.000000, "samples_ns": [ 218889645 ],"samples_ts": [ 36.5481 ]}\n'
+)
 
 COMPLETION_TAIL = """\
+0.08.519.884 I generate: n_ctx = 256, n_batch = 2048, n_predict = 8, n_keep = 0
+0.08.519.884 I 
+0.28.606.197 I common_perf_print:    sampling time =       1.02 ms
+0.28.606.216 I common_perf_print:    samplers time =       0.33 ms /    45 tokens
+0.28.606.237 I common_perf_print:        load time =    8092.95 ms
+0.28.606.252 I common_perf_print: prompt eval time =    6962.66 ms /    37 tokens (  188.18 ms per token,     5.31 tokens per second)
+0.28.606.267 I common_perf_print:        eval time =   13078.92 ms /     7 runs   ( 1868.42 ms per token,     0.54 tokens per second)
+0.28.606.280 I common_perf_print:       total time =   20086.84 ms /    44 tokens
+0.28.606.294 I common_perf_print: unaccounted time =      44.24 ms /   0.2 %      (total - sampling - prompt eval - eval) / (total)
+0.28.606.308 I common_perf_print:    graphs reused =          6
 """
 
 
 def test_parse_llama_bench_jsonl() -> None:
-    (r,) = parse_bench_jsonl(BENCH_JSONL)
+    (r,) = parse_bench_jsonl("llama-bench: loading\n" + BENCH_JSONL)
     assert (r.n_prompt, r.n_gen, r.n_depth, r.n_threads) == (0, 8, 42, 2)
-    assert r.avg_ts == pytest.approx(0.0)
+    assert r.avg_ts == pytest.approx(8 / 0.218889645, rel=1e-6)
+    assert (r.build_commit, r.cpu_info, r.model_type) == ("0c1e570", "AMD EPYC", "llama 256M Q4_1")
 
 
 def test_parse_llama_completion_timings() -> None:
     t = parse_completion_timings(COMPLETION_TAIL)
-    assert (t.prompt_tokens, t.eval_runs) == (42, 7)
-    assert t.prompt_tok_s == pytest.approx(0.0)
-    assert t.eval_tok_s == pytest.approx(0.0)
+    assert (t.prompt_tokens, t.eval_runs) == (37, 7)
+    assert t.prompt_tok_s == pytest.approx(5.31, abs=0.005)  # the tokens per second it printed
+    assert t.eval_tok_s == pytest.approx(0.54, abs=0.005)
 
 
 def test_parse_errors_show_the_output() -> None:
-    with pytest.raises(ValueError, match="no jsonl result.*error: failed"):
+    with pytest.raises(ValueError, match="no jsonl result") as e:
         parse_bench_jsonl("main: error: failed to load model\n")
+    assert "failed to load model" in str(e.value)
     with pytest.raises(ValueError, match="no timing lines"):
         parse_completion_timings("llama_model_load: error loading model\n")
