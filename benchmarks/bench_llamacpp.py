@@ -297,6 +297,11 @@ def report(args: argparse.Namespace, model_path: Path, files: list[str], ours: d
             p = _med(o.prompt)
             prompt_rows.append([f.upper(), o.label, p, _med(lc.pp), _med(lc.completion_prompt), p / _med(lc.pp),
                                 f"{_rounds(o.prompt)} / {_rounds(lc.pp)}"])
+    loads = [float(x) for x in (start[1].split(" / ")[0], end[1].split(" / ")[0])]
+    busy = max(loads) >= (os.cpu_count() or 1) / 2
+    warning = (f"**Loaded machine**: load average {max(loads):.1f} on {os.cpu_count()} CPUs — the absolute tok/s "
+               "are not an idle machine's; only the ratios of configurations measured interleaved mean something.\n"
+               if busy else "")
     seen = sorted(set().union(*(lc.prompt_tokens_seen for lc in llamas.values())))
     token_note = "the same count" if seen == [n_prompt] else f"**{seen} tokens: not the same count**"
     build = next((lc.build for lc in llamas.values() if lc.build), "?")
@@ -312,6 +317,7 @@ def report(args: argparse.Namespace, model_path: Path, files: list[str], ours: d
         f"{_cpu_model()}); load average (1 / 5 / 15 min) {start[1]} at the start, {end[1]} at the end; copy "
         f"bandwidth {_rounds(bws)} GB/s (start, before each round, end). llama.cpp: build {build}.",
         "",
+        *([warning] if warning else []),
         f"Prompt: {QUESTION!r} through the chat template = {n_prompt} tokens (llama-completion tokenized the "
         f"same text to {token_note}); {g} greedy tokens, EOS ignored. llama-bench: pp = `-p {n_prompt} -n 0`, "
         f"tg = `-p 0 -n {g} -d {n_prompt}` (same context as ours, no sampling). Ours through `LLM.generate` "
@@ -321,7 +327,7 @@ def report(args: argparse.Namespace, model_path: Path, files: list[str], ours: d
         "",
         *(checks or ["- (no converted file in this run)"]),
         "",
-        f"## Decode (batch 1, tok/s)",
+        "## Decode (batch 1, tok/s)",
         "",
         "Bytes per step: every weight multiplied once (packed bytes for Q4_1/Q8_0; the LM head, not the input "
         f"embedding rows) + the KV cache at the mean context {n_prompt + g / 2:.0f}; roofline = copy bandwidth "

@@ -1,21 +1,27 @@
 """The benchmarks' helper logic: the bytes of a decode step (benchmarks/roofline.py) against the config's
-parameter count and the GGUF file's stored tensor sizes, and the parsing of llama.cpp's output
+parameter count and the GGUF file's stored tensor sizes, the decode-step profiler's bookkeeping
+(benchmarks/decode_profile.py; no timing asserted), and the parsing of llama.cpp's output
 (benchmarks/llamacpp_output.py) on output captured from llama-bench / llama-completion."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import mistral_kernels.runner as runner_module
 from mistral_kernels import load_model
 from mistral_kernels.config import ModelConfig
+from mistral_kernels.engine import Engine
+from mistral_kernels.model import Model
 
 from .model_helpers import random_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from decode_profile import profile_decode  # noqa: E402
 from llamacpp_output import parse_bench_jsonl, parse_completion_timings  # noqa: E402
 from roofline import step_bytes  # noqa: E402
 
@@ -103,3 +109,25 @@ def test_parse_errors_show_the_output() -> None:
     assert "failed to load model" in str(e.value)
     with pytest.raises(ValueError, match="no timing lines"):
         parse_completion_timings("llama_model_load: error loading model\n")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-op"])
+def test_decode_profile_times_each_part_and_restores_the_engine(fused: bool) -> None:
+    """Every part timed on every decode step, the layers path named, the bytes those of roofline.py, and the
+    engine's own methods back in place afterwards."""
+    model = random_model(LLAMA, dtype=torch.float32)
+    if not fused:
+        model.cpu_decode = None
+    assert (model.cpu_decode is not None) == fused  # the dense fp32 model qualifies for the fused step
+    engine = Engine(model, None, num_blocks=16, block_size=8, max_batch=1)
+    prof = profile_decode(SimpleNamespace(engine=engine, model=model), [5, 6, 7], steps=4)
+    assert prof.layers_kind == ("fused (ops.decode_layers)" if fused else "op by op")
+    assert prof.steps == 4 and prof.context == 3 + 5 / 2
+    assert all(sec >= 0 for sec in prof.seconds.values()) and prof.seconds["whole step"] > 0
+    b = step_bytes(model, prof.context)
+    assert prof.nbytes["decoder layers"] == b.layers + b.kv and prof.nbytes["whole step"] == b.total
+    assert not {"step", "forward", "_layers"} & (vars(engine).keys() | vars(model).keys())
+    assert engine.runner.execute.__func__ is type(engine.runner).execute
+    assert runner_module.sample.__module__ == "mistral_kernels.sampling"
+    assert model.forward.__func__ is Model.forward
+    assert (model.cpu_decode is not None) == fused and type(model.cpu_decode).__name__ != "_Timed"
