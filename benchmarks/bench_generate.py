@@ -9,7 +9,8 @@ Models: SmolLM2-135M-Instruct (the default Q4_1 GGUF, real weights), a random Mi
 dense parameters, GQA: H 2048, I 5632, 16 layers, 16 / 4 heads, vocab 49152; saved in bf16) and a random
 Mixtral-shaped model (8 experts, top-2, ~1B parameters), both saved with transformers' save_pretrained into a
 temp dir (or ``--model-cache DIR``, reused by later runs). ``all`` = SmolLM2 and Mixtral (the Mistral model is
-opt-in: its fp32 copy is ~3.7 GB, ~8 GB with transformers' alongside).
+opt-in: its fp32 copy is ~3.7 GB; ours and transformers load one after the other, peak RSS 4.7 GB measured
+for ours in bf16 then fp32).
 
 Weights (``--weights``, the GGUF model only; the random models are dense checkpoints):
 ``dense`` = ``LLM(..., quantized=False)``: every quantized matrix dequantized at load into ``--dtype``;
