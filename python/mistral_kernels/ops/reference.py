@@ -338,14 +338,14 @@ def qlinear(
 # M decode rows, L layers; arguments as ops.decode_layers.
 
 
-def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: list[torch.Tensor], qkv: list[torch.Tensor],
-                  wo: list[torch.Tensor], ffn_norm: list[torch.Tensor], w13: list[torch.Tensor],
-                  w2: list[torch.Tensor], k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: list[torch.Tensor], qkv: list[object],
+                  wo: list[object], ffn_norm: list[torch.Tensor], w13: list[object],
+                  w2: list[object], k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
                   windows: list[int], positions: torch.Tensor, slot_mapping: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, cos_sin: torch.Tensor, n_heads: int,
                   eps: float, scale: float, is_neox: bool) -> None:
     """The L decoder layers (dense FFN) of one decode step, op by op with the references above (in place on x,
-    residual and the caches). A packed matrix (QuantizedWeight / FusedWeight) is dequantized to fp32 (gguf's
+    residual and the caches). qkv, wo, w13, w2: per layer a dense tensor or a packed matrix; a packed matrix (QuantizedWeight / FusedWeight) is dequantized to fp32 (gguf's
     decoding: ``dequantize``) and multiplied like a dense one."""
     m = x.shape[0]
     hkv, d = k_cache[0].shape[2], k_cache[0].shape[3]
