@@ -41,11 +41,13 @@ constexpr const char* kSchemas[] = {
 constexpr const char* kCpuOnlySchemas[] = {
     // out[M, N] = x[M, K] · W[N, K]ᵀ for M <= 16, streaming W once (csrc/cpu/linear.cpp)
     "skinny_linear(Tensor! out, Tensor x, Tensor weight) -> ()",
-    // the dense decoder layers of one decode step in one call (csrc/cpu/decode_layers.cpp, decode_step.h)
+    // the dense decoder layers of one decode step in one call (csrc/cpu/decode_layers.cpp, decode_step.h);
+    // qkv / wo / w13 / w2 hold each layer's matrix as parts: one dense tensor, or packed row groups whose
+    // qlinear format codes (-1: dense) and INT8_ROWWISE scales are qtypes / scales (empty: all dense)
     "decode_layers(Tensor(a!) x, Tensor(b!) residual, Tensor[] attn_norm, Tensor[] qkv, Tensor[] wo, "
     "Tensor[] ffn_norm, Tensor[] w13, Tensor[] w2, Tensor(c!)[] k_cache, Tensor(d!)[] v_cache, int[] windows, "
     "Tensor positions, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor cos_sin, int n_heads, "
-    "float eps, float scale, bool is_neox) -> ()",
+    "float eps, float scale, bool is_neox, int[] qtypes, Tensor?[] scales) -> ()",
 };
 
 void define_all(torch::Library& m) {

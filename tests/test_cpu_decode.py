@@ -85,11 +85,12 @@ def _step_args(model: Model, dtype: torch.dtype, g: torch.Generator) -> tuple[li
     lens = torch.tensor([10, 23, 0], dtype=torch.int32)
     positions = torch.tensor([9, 22, 0])
     slots = torch.tensor([int(tables[0, 9 // S]) * S + 9 % S, int(tables[1, 22 // S]) * S + 22 % S, -1])
-    f = model.cpu_decode
+    f, ls = model.cpu_decode, model.layers
     x = torch.randn(3, c.dim, generator=g).to(dtype)
     residual = torch.randn(3, c.dim, generator=g).to(dtype)
-    args = [x, residual, f.attn_norm, f.qkv, f.wo, f.ffn_norm, f.w13, f.w2, cache.k, cache.v, f.windows,
-            positions, slots, tables, lens, model.rope.covering(64), c.n_heads, c.norm_eps, f.scale, c.rope_is_neox]
+    args = [x, residual, f.attn_norm, [ly.qkv for ly in ls], [ly.wo for ly in ls], f.ffn_norm,
+            [ly.w13 for ly in ls], [ly.w2 for ly in ls], cache.k, cache.v, f.windows, positions, slots, tables, lens,
+            model.rope.covering(64), c.n_heads, c.norm_eps, f.scale, c.rope_is_neox]
     return args, {"cache": cache}
 
 
@@ -139,7 +140,7 @@ def test_fallback_to_per_op_layers() -> None:
     ("block_id", r"block_tables\[1, 5\]=99 is out of range"),
     ("slot", r"slot_mapping\[1\]=9999 is out of range"),
     ("dtype", r"w13\[0\] .*dtype|dtype.*w13\[0\]"),
-    ("list_length", r"wo has 1 tensors but qkv has 2"),
+    ("list_length", r"wo has 1 tensors but attn_norm has 2"),
 ])
 def test_bad_arguments_raise(case: str, match: str) -> None:
     model = random_model(CONFIGS["d16-window"])

@@ -104,9 +104,23 @@ def _decode_layers_cases() -> list[tuple[str, Callable[[], tuple]]]:
         cos_sin = torch.cat([torch.ones(8, d // 2), torch.zeros(8, d // 2)], 1)
         return (rnd(2, h), rnd(2, h), *per, [0, 3], torch.tensor([5, 0]), torch.tensor([9, -1]),
                 torch.tensor([[3, 2], [0, 0]], dtype=torch.int32), torch.tensor([6, 0], dtype=torch.int32),
-                cos_sin, hq, 1e-5, d ** -0.5, True)
+                cos_sin, hq, 1e-5, d ** -0.5, True, [], [])
 
-    return [("decode_layers", args)]
+    def packed_args() -> tuple:  # one layer: qkv = Q4_0 rows | Q8_0 rows, wo INT8_ROWWISE, w13 dense, w2 Q4_1
+        from .quant_data import random_qweight
+
+        hp, ip = 32, 32
+        qa, _ = random_qweight("Q4_0", (hq + hkv) * d, hp, seed=5)
+        qb, _ = random_qweight("Q8_0", hkv * d, hp, seed=6)
+        qo, so = random_qweight("INT8_ROWWISE", hp, hq * d, seed=7)
+        q2, _ = random_qweight("Q4_1", hp, ip, seed=8)
+        cos_sin = torch.cat([torch.ones(8, d // 2), torch.zeros(8, d // 2)], 1)
+        return (rnd(2, hp), rnd(2, hp), [rnd(hp) + 1], [qa, qb], [qo], [rnd(hp) + 1], [rnd(2 * ip, hp)], [q2],
+                [rnd(n, s, hkv, d)], [rnd(n, s, hkv, d)], [0], torch.tensor([5, 0]), torch.tensor([9, -1]),
+                torch.tensor([[3, 2], [0, 0]], dtype=torch.int32), torch.tensor([6, 0], dtype=torch.int32),
+                cos_sin, hq, 1e-5, d ** -0.5, True, [2, 8, 1000, -1, 3], [None, None, so, None, None])
+
+    return [("decode_layers", args), ("decode_layers", packed_args)]
 
 
 

@@ -1,19 +1,27 @@
 // cpu/decode_layers.cpp — decode_layers: the dense decoder layers of one decode step in one native call
-// (CPU only, fp32 / bf16; kernel and phases: decode_step.h). This file validates the arguments and
-// hands raw pointers to decode_step::run.
+// (CPU only, fp32 / bf16 / fp16 x; weights dense or packed; kernel and phases: decode_step.h). This file
+// validates the arguments and hands raw pointers to decode_step::run.
 //
 // Shapes: M decode rows, H hidden, I intermediate, Hq / Hkv heads, D head_dim, R rot_dim, P cos/sin rows,
-// N cache blocks, S block size, MB max blocks per sequence, L layers.
+// N cache blocks, S block size, MB max blocks per sequence, L layers, N_g rows of a part.
 //   x, residual [M, H]; per layer: attn_norm [H], qkv [(Hq+2Hkv)·D, H], wo [H, Hq·D], ffn_norm [H],
 //   w13 [2I, H], w2 [H, I], k_cache / v_cache [N, S, Hkv, D]; windows [L] (<= 0: none);
 //   positions, slot_mapping int64 [M]; block_tables int32 [M, MB]; seq_lens int32 [M]; cos_sin fp32 [P, R].
+// The lists qkv, wo, w13, w2 hold *parts*, layer after layer: a dense matrix is one part (x's dtype, the whole
+// [N, K]); a packed one is one or more row groups [N_g, ...] in qlinear's formats, rows summing to N.
+// qtypes / scales: empty when every part is dense, else one entry per part of qkv, then wo, w13, w2:
+// qtypes -1 (dense) or the qlinear format code; scales the fp32 [N_g] of INT8_ROWWISE parts (else None).
 #include <torch/library.h>
 
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../checks/attention.h"
 #include "../checks/common.h"
+#include "../kernels/quant_blocks.h"
 #include "common.h"
 #include "decode_step.h"
 
@@ -41,12 +49,100 @@ void check_index(const char* op, const char* arg, const at::Tensor& t, at::Scala
   check::contiguous(op, arg, t);
 }
 
+// The parts of one matrix kind (`name`: qkv, wo, w13 or w2), all layers: layer l's parts follow layer l-1's
+// and their rows sum to N; K in features. g0: the index of the list's first part in qtypes / scales. Appends
+// each layer's parts to `parts` and their (first part, count) to `ranges`.
+struct Kind {
+  const char* name;
+  at::TensorList list;
+  int64_t g0;
+};
+void parse_parts(const char* op, const Kind& kd, int64_t L, int64_t N, int64_t K, at::IntArrayRef qtypes,
+                 const c10::List<std::optional<at::Tensor>>& scales, const at::Tensor& x,
+                 std::vector<decode_step::Part>& parts, std::vector<std::pair<size_t, int64_t>>& ranges) {
+  int64_t j = 0;
+  const int64_t n = static_cast<int64_t>(kd.list.size());
+  for (int64_t l = 0; l < L; ++l) {
+    const size_t first = parts.size();
+    for (int64_t rows = 0; rows < N; ++j) {
+      TORCH_CHECK(j < n, op, ": ", kd.name, " has ", n, " tensors but attn_norm has ", L,
+                  " (the parts of one matrix per layer); layer ", l, " is missing ", N - rows, " of its ", N,
+                  " rows");
+      const at::Tensor& t = kd.list[j];
+      const std::string arg = std::string(kd.name) + "[" + std::to_string(j) + "]";
+      const int64_t g = kd.g0 + j;
+      const int64_t qt = qtypes.empty() ? decode_step::kDense : qtypes[g];
+      const std::optional<at::Tensor> sc = scales.empty() ? std::optional<at::Tensor>() : scales.get(g);
+      const bool has_scales = sc.has_value() && sc->defined();
+      check::defined(op, arg.c_str(), t);
+      TORCH_CHECK(t.device().is_cpu(), op, ": ", arg, " must be a CPU tensor, got device ", t.device());
+      decode_step::Part p{static_cast<int32_t>(qt), QPath::fp32, nullptr, nullptr, rows, 0, 0};
+      if (qt == decode_step::kDense) {  // a dense matrix: the whole [N, K] in x's dtype
+        check::same_dtype(op, arg.c_str(), t, "x", x);
+        TORCH_CHECK(rows == 0 && t.dim() == 2 && t.size(0) == N && t.size(1) == K, op, ": ", arg,
+                    " must have shape ", c10::IntArrayRef({N, K}), " (layer ", l, "'s whole ", kd.name,
+                    ", dense), got ", t.sizes());
+        TORCH_CHECK(!has_scales, op, ": scales[", g, "] must be None for the dense ", arg);
+        p.rows = N, p.row_bytes = K * t.element_size();
+      } else {
+        const QFormat f = qformat(static_cast<int32_t>(qt));
+        TORCH_CHECK(f.qtype != 0 && qt == f.qtype, op, ": qtypes[", g, "] = ", qt, " (", arg,
+                    ") is not -1 (dense) or a qlinear format: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13), "
+                    "Q6_K (14), INT8_ROWWISE (1000)");
+        check::ndim(op, arg.c_str(), t, 2, qt == kInt8Rowwise ? "[N_g, K]" : "[N_g, K / QK * bytes per block]");
+        TORCH_CHECK(t.size(0) > 0, op, ": ", arg, " has no rows");
+        if (qt == kInt8Rowwise) {
+          check::dtype_is(op, arg.c_str(), t, at::kChar);
+          check::size_eq(op, arg.c_str(), t, 1, K, "K (in features)");
+          const std::string sarg = "scales[" + std::to_string(g) + "]";
+          TORCH_CHECK(has_scales, op, ": ", sarg, " (fp32 [N_g]) is required for the INT8_ROWWISE ", arg);
+          check::dtype_is(op, sarg.c_str(), *sc, at::kFloat);
+          TORCH_CHECK(sc->device().is_cpu(), op, ": ", sarg, " must be a CPU tensor, got device ", sc->device());
+          check::ndim(op, sarg.c_str(), *sc, 1, "[N_g]");
+          check::size_eq(op, sarg.c_str(), *sc, 0, t.size(0), "N_g = rows of the part");
+          check::contiguous(op, sarg.c_str(), *sc);
+          p.scales = sc->const_data_ptr<float>();
+        } else {
+          check::dtype_is(op, arg.c_str(), t, at::kByte);
+          TORCH_CHECK(K % f.block == 0, op, ": ", arg, " is ", f.name, " but K = ", K, " is not a multiple of ",
+                      f.block);
+          check::size_eq(op, arg.c_str(), t, 1, K / f.block * f.bytes, "K / QK * bytes per block");
+          TORCH_CHECK(!has_scales, op, ": scales[", g, "] must be None for the ", f.name, " ", arg);
+          if (x.scalar_type() == at::kBFloat16)
+            p.path = static_cast<QPath>(MK_ISA_CALL(quant_bf16_path)(static_cast<int32_t>(qt)));
+        }
+        TORCH_CHECK(rows + t.size(0) <= N, op, ": the parts of layer ", l, "'s ", kd.name, " have more than its ",
+                    N, " rows (", arg, " ends at row ", rows + t.size(0), ")");
+        p.rows = t.size(0), p.row_bytes = t.size(1) * t.element_size();
+      }
+      check::contiguous(op, arg.c_str(), t);
+      p.w = t.const_data_ptr();
+      parts.push_back(p);
+      rows += p.rows;
+    }
+    ranges.emplace_back(first, static_cast<int64_t>(parts.size() - first));
+  }
+  TORCH_CHECK(j == n, op, ": ", kd.name, " has ", n, " tensors but its ", L, " layers use ", j,
+              " (one dense matrix or the packed parts of one, per layer)");
+}
+
+// In features of w2 (= I): the K of its first part (dense [H, I]; INT8_ROWWISE [N_g, I]; blocks [N_g, R]).
+int64_t intermediate(const char* op, const at::Tensor& w2, int64_t qt) {
+  TORCH_CHECK(w2.dim() == 2, op, ": w2[0] must be 2-D, got shape ", w2.sizes());
+  if (qt == decode_step::kDense || qt == kInt8Rowwise) return w2.size(1);
+  const QFormat f = qformat(static_cast<int32_t>(qt));
+  TORCH_CHECK(f.qtype != 0 && qt == f.qtype && w2.size(1) % f.bytes == 0, op, ": w2[0] is not a packed row group of ",
+              "format ", qt);
+  return w2.size(1) / f.bytes * f.block;
+}
+
 void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm, at::TensorList qkv,
                    at::TensorList wo, at::TensorList ffn_norm, at::TensorList w13, at::TensorList w2,
                    at::TensorList k_cache, at::TensorList v_cache, at::IntArrayRef windows,
                    const at::Tensor& positions, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                    const at::Tensor& seq_lens, const at::Tensor& cos_sin, int64_t n_heads, double eps,
-                   double scale, bool is_neox) {
+                   double scale, bool is_neox, at::IntArrayRef qtypes,
+                   const c10::List<std::optional<at::Tensor>>& scales) {
   constexpr const char* op = "decode_layers";
   require_cpu(op, "x", x);
   check::dtype_in(op, "x", x, kFloatTypes);
@@ -58,15 +154,25 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
               residual.sizes());
   check::contiguous(op, "residual", residual);
   check::no_overlap(op, "residual", residual, {{"x", &x}});
-  const int64_t M = x.size(0), H = x.size(1), L = static_cast<int64_t>(qkv.size());
+  const int64_t M = x.size(0), H = x.size(1), L = static_cast<int64_t>(attn_norm.size());
   TORCH_CHECK(M <= kGemvMaxM, op, ": x.shape[0] (M, decode rows) must be <= ", kGemvMaxM, ", got ", M);
-  for (const auto& [name, list] : {std::pair<const char*, at::TensorList>{"attn_norm", attn_norm}, {"wo", wo},
-                                   {"ffn_norm", ffn_norm}, {"w13", w13}, {"w2", w2}, {"k_cache", k_cache},
-                                   {"v_cache", v_cache}})
+  for (const auto& [name, list] : {std::pair<const char*, at::TensorList>{"ffn_norm", ffn_norm},
+                                   {"k_cache", k_cache}, {"v_cache", v_cache}})
     TORCH_CHECK(static_cast<int64_t>(list.size()) == L, op, ": ", name, " has ", list.size(),
-                " tensors but qkv has ", L, " (one per layer)");
+                " tensors but attn_norm has ", L, " (one per layer)");
+  if (qtypes.empty()) {  // all dense: one matrix per layer
+    for (const auto& [name, list] : {std::pair<const char*, at::TensorList>{"qkv", qkv}, {"wo", wo},
+                                     {"w13", w13}, {"w2", w2}})
+      TORCH_CHECK(static_cast<int64_t>(list.size()) == L, op, ": ", name, " has ", list.size(),
+                  " tensors but attn_norm has ", L, " (one per layer)");
+  }
+  const int64_t nparts = static_cast<int64_t>(qkv.size() + wo.size() + w13.size() + w2.size());
+  TORCH_CHECK(qtypes.empty() || static_cast<int64_t>(qtypes.size()) == nparts, op, ": qtypes has ", qtypes.size(),
+              " entries; need one per part of qkv, wo, w13, w2 (", nparts, ") or none (all dense)");
+  TORCH_CHECK(scales.empty() || static_cast<int64_t>(scales.size()) == nparts, op, ": scales has ", scales.size(),
+              " entries; need one per part of qkv, wo, w13, w2 (", nparts, ") or none");
   TORCH_CHECK(static_cast<int64_t>(windows.size()) == L, op, ": windows has ", windows.size(),
-              " entries but qkv has ", L, " (one per layer)");
+              " entries but attn_norm has ", L, " (one per layer)");
   check_index(op, "positions", positions, at::kLong, 1, M);
   check_index(op, "slot_mapping", slot_mapping, at::kLong, 1, M);
   check_index(op, "block_tables", block_tables, at::kInt, 2, M);
@@ -83,21 +189,27 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
               " (k_cache[0].shape[2]), got ", n_heads);
   const int64_t R = cos_sin.size(1);
   TORCH_CHECK(R % 2 == 0 && R <= D, op, ": cos_sin.shape[1] (rot_dim) must be even and <= head_dim ", D, ", got ", R);
-  const int64_t I2 = w13[0].dim() == 2 ? w13[0].size(0) : -1;
-  TORCH_CHECK(I2 > 0 && I2 % 2 == 0, op, ": w13[0] must be [2I, H] with I > 0, got shape ", w13[0].sizes());
-  const int64_t I = I2 / 2, Nqkv = (n_heads + 2 * Hkv) * D;
+  TORCH_CHECK(!w2.empty(), op, ": w2 is empty but attn_norm has ", L, " layers");
+  const int64_t g_w13 = static_cast<int64_t>(qkv.size() + wo.size()), g_w2 = g_w13 + static_cast<int64_t>(w13.size());
+  const int64_t I = intermediate(op, w2[0], qtypes.empty() ? decode_step::kDense : qtypes[g_w2]);
+  TORCH_CHECK(I > 0, op, ": w2[0] must be [H, I] with I > 0, got shape ", w2[0].sizes());
+  const int64_t Nqkv = (n_heads + 2 * Hkv) * D;
   for (int64_t l = 0; l < L; ++l) {
     check_layer_tensor(op, "attn_norm", l, attn_norm[l], x, {H});
-    check_layer_tensor(op, "qkv", l, qkv[l], x, {Nqkv, H});
-    check_layer_tensor(op, "wo", l, wo[l], x, {H, n_heads * D});
     check_layer_tensor(op, "ffn_norm", l, ffn_norm[l], x, {H});
-    check_layer_tensor(op, "w13", l, w13[l], x, {2 * I, H});
-    check_layer_tensor(op, "w2", l, w2[l], x, {H, I});
     check_layer_tensor(op, "k_cache", l, k_cache[l], x, {N, S, Hkv, D});
     check_layer_tensor(op, "v_cache", l, v_cache[l], x, {N, S, Hkv, D});
     for (const auto* t : {&k_cache[l], &v_cache[l]})
       check::no_overlap(op, "k_cache/v_cache", *t, {{"x", &x}, {"residual", &residual}});
   }
+  // the parts of every matrix; ranges[k][l]: (first part, count) of kind k in layer l
+  std::vector<decode_step::Part> parts;
+  std::vector<std::pair<size_t, int64_t>> ranges[4];
+  const Kind kinds[4] = {{"qkv", qkv, 0}, {"wo", wo, static_cast<int64_t>(qkv.size())}, {"w13", w13, g_w13},
+                         {"w2", w2, g_w2}};
+  const int64_t shapes[4][2] = {{Nqkv, H}, {H, n_heads * D}, {2 * I, H}, {H, I}};
+  for (int k = 0; k < 4; ++k)
+    parse_parts(op, kinds[k], L, shapes[k][0], shapes[k][1], qtypes, scales, x, parts, ranges[k]);
   check::index_range_cpu<int64_t>(op, "positions", positions, 0, cos_sin.size(0), "rows of cos_sin");
   check::index_range_cpu<int64_t>(op, "slot_mapping", slot_mapping, -1, N * S, "-1 or a slot < N·S of k_cache");
   for (int64_t w : std::set<int64_t>(windows.begin(), windows.end()))
@@ -112,14 +224,14 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
                                  static_cast<float>(eps), static_cast<float>(scale), is_neox};
   const decode_step::Index index{pos, slot_mapping.const_data_ptr<int64_t>(), block_tables.const_data_ptr<int32_t>(),
                                  sl, cos_sin.const_data_ptr<float>()};
+  auto mat = [&](int k, int64_t l) {
+    return decode_step::Mat{parts.data() + ranges[k][l].first, ranges[k][l].second};
+  };
   MK_CPU_DISPATCH(x.scalar_type(), op, [&] {
     std::vector<decode_step::Layer<scalar_t>> layers(L);
     for (int64_t l = 0; l < L; ++l)
-      layers[l] = {attn_norm[l].const_data_ptr<scalar_t>(), qkv[l].const_data_ptr<scalar_t>(),
-                   wo[l].const_data_ptr<scalar_t>(),        ffn_norm[l].const_data_ptr<scalar_t>(),
-                   w13[l].const_data_ptr<scalar_t>(),       w2[l].const_data_ptr<scalar_t>(),
-                   k_cache[l].data_ptr<scalar_t>(),         v_cache[l].data_ptr<scalar_t>(),
-                   windows[l]};
+      layers[l] = {attn_norm[l].const_data_ptr<scalar_t>(), mat(0, l), mat(1, l), ffn_norm[l].const_data_ptr<scalar_t>(),
+                   mat(2, l), mat(3, l), k_cache[l].data_ptr<scalar_t>(), v_cache[l].data_ptr<scalar_t>(), windows[l]};
     decode_step::run<scalar_t>(shape, index, layers.data(), L, x.data_ptr<scalar_t>(),
                                residual.data_ptr<scalar_t>(), static_cast<int>(at::get_num_threads()));
   });

@@ -27,11 +27,18 @@
 //   7. down        x[M, H] = h · W2ᵀ                                                          | barrier
 //
 // Before each barrier a thread prefetches the start of its slice of the next phase's weights (warm).
-// Every element is computed by the per-op kernels' per-ISA code (isa/gemv.cpp, isa/norm.cpp, isa/rope.cpp,
-// isa/attention_core.h)
+// Each matrix is one or more row parts (Part), dense or packed in a qlinear format (GGUF blocks, int8 rows);
+// a packed part runs the per-ISA quantized GEMV (isa/quant.h quant_gemv) on the input each thread prepared
+// for it (XPrep: int8 per 32 / chunk sums / fp32, as csrc/cpu/quant.cpp does once per qlinear call), and
+// each part is split over the threads on its own.
+// Every element is computed by the per-op kernels' per-ISA code (isa/gemv.cpp, isa/quant_kernels.h,
+// isa/norm.cpp, isa/rope.cpp, isa/attention_core.h)
 // and rounded to T at the same points (after each matmul, RoPE, norm, SiLU·up), so the result equals the
-// per-op path bit for bit, except attention over more than 1024 visible keys, where the per-op decode
-// kernel splits the keys into partitions (split-K) and merges them: equal within fp32 rounding.
+// per-op path bit for bit, except (a) attention over more than 1024 visible keys, where the per-op decode
+// kernel splits the keys into partitions (split-K) and merges them, and (b) the int8 (VNNI) path of a packed
+// part at M = 1, whose kernel takes rows in fours from the start of each thread's range: where qlinear's
+// split puts a thread boundary at a row not ≡ its part start mod 4, those rows sum in another fp32 order.
+// Both: equal within fp32 rounding before the rounding to T.
 #pragma once
 
 #include <algorithm>
@@ -51,19 +58,39 @@
 #include "isa/attention.h"
 #include "isa/gemv.h"
 #include "isa/norm.h"
+#include "isa/quant.h"
 #include "isa/rope.h"
 #include "isa_dispatch.h"
 
 namespace mk::cpu::decode_step {
 
+// One row group ("part") of a layer matrix W [N, K]: rows [n0, n0 + rows) of W, dense (T [rows, K]) or
+// packed in one qlinear format (csrc/cpu/isa/quant.h: uint8 blocks [rows, R], or INT8_ROWWISE int8 [rows, K]
+// + fp32 scales [rows]). A dense matrix is one dense part; a packed one one part per format run (a Q4_K_M
+// qkv: wq | wk in Q4_K, then wv in Q6_K).
+inline constexpr int32_t kDense = -1;
+struct Part {
+  int32_t qtype;         // kDense, or the format code (QGemv::qtype)
+  QPath path;            // packed: the GEMV path for this T and level (fp32 for fp32 / fp16 x)
+  const void* w;         // the part's first row
+  const float* scales;   // INT8_ROWWISE: [rows]; else null
+  int64_t n0, rows;      // first row in W; rows
+  int64_t row_bytes;     // bytes of one row of w (dense: K·sizeof(T))
+};
+// A layer matrix: its parts in row order (their rows cover [0, N)).
+struct Mat {
+  const Part* parts;
+  int64_t n;
+};
+
 template <typename T>
 struct Layer {
   const T* attn_norm;  // [H]
-  const T* qkv;        // [(Hq + 2·Hkv)·D, H]
-  const T* wo;         // [H, Hq·D]
+  Mat qkv;             // [(Hq + 2·Hkv)·D, H]
+  Mat wo;              // [H, Hq·D]
   const T* ffn_norm;   // [H]
-  const T* w13;        // [2I, H]: gate rows then up rows
-  const T* w2;         // [H, I]
+  Mat w13;             // [2I, H]: gate rows then up rows
+  Mat w2;              // [H, I]
   T* k_cache;          // [N, S, Hkv, D]
   T* v_cache;          // [N, S, Hkv, D]
   int64_t window;      // sliding window W (<= 0: none)
@@ -90,6 +117,8 @@ struct Kernels {
   decltype(&isa_generic::silu_mul_rows) silu_mul = MK_ISA_CALL(silu_mul_rows);
   decltype(&isa_generic::rope_tokens) rope = MK_ISA_CALL(rope_tokens);
   decltype(&isa_generic::attn_scan) scan = MK_ISA_CALL(attn_scan);
+  decltype(&isa_generic::quant_gemv) qgemv = MK_ISA_CALL(quant_gemv);
+  decltype(&isa_generic::quant_prepare_x) qprep = MK_ISA_CALL(quant_prepare_x);
 };
 
 inline constexpr int64_t kFfnChunk = 64;  // gate|up columns per chunk (a multiple of 16: silu_mul's vector width)
@@ -100,15 +129,27 @@ inline std::pair<int64_t, int64_t> split(int64_t n, int t, int nt, int64_t align
   return {at(t), t + 1 == nt ? n : at(t + 1)};
 }
 
-// Prefetches (into L2) the first kWarmBytes of rows [n0, n1) of w [*, K]: issued just before a barrier, the
-// first lines of this thread's next weight slice are in flight while it waits, instead of each phase
-// starting its stream cold (the hardware prefetcher then takes over).
+// Prefetches (into L2) the first kWarmBytes of rows [r0, r1) of W (whatever parts they cross): issued just
+// before a barrier, the first lines of this thread's next weight slice are in flight while it waits, instead
+// of each phase starting its stream cold (the hardware prefetcher then takes over).
 inline constexpr int64_t kWarmBytes = 16 << 10;
-template <typename T>
-inline void warm(const T* w, int64_t K, int64_t n0, int64_t n1) {
-  const char* p = reinterpret_cast<const char*>(w + n0 * K);
-  const int64_t bytes = std::min<int64_t>(kWarmBytes, (n1 - n0) * K * static_cast<int64_t>(sizeof(T)));
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+inline void warm(const Mat& w, int64_t r0, int64_t r1) {
+  for (int64_t i = 0; i < w.n; ++i) {
+    const Part& p = w.parts[i];
+    const int64_t a = std::max(r0, p.n0), b = std::min(r1, p.n0 + p.rows);
+    if (a >= b) continue;
+    const char* q = static_cast<const char*>(p.w) + (a - p.n0) * p.row_bytes;
+    const int64_t bytes = std::min(kWarmBytes, (b - a) * p.row_bytes);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(q + o, 0, 2);
+  }
+}
+// The same for this thread's slice of every part (the split of mat_slice).
+inline void warm_slice(const Mat& w, int t, int team) {
+  for (int64_t i = 0; i < w.n; ++i) {
+    const Part& p = w.parts[i];
+    const auto [a, b] = split(p.rows, t, team, 8);
+    warm(Mat{&p, 1}, p.n0 + a, p.n0 + b);
+  }
 }
 
 // The barrier between phases: spin briefly, then yield the core. OpenMP's barrier spins for a long time
@@ -154,6 +195,95 @@ struct AttnScratch {
       : q(G * D), acc(G * D), scores(G * kAttnScanChunk), kbuf(kAttnScanChunk * D), vbuf(kAttnScanChunk * D), st(G),
         qraw(G * D), lo(G), hi(G) {}
 };
+
+// A thread's copy of one GEMV input x [M, K] in the forms its matrix's packed parts read (quant_gemv, as
+// csrc/cpu/quant.cpp prepares them): fp32 (the fp32 path with bf16 / fp16 x), int8 per 32 (int8 path), chunk
+// sums (bf16 path). Every thread prepares its own copy at the start of the phase: M·K conversions each, done
+// redundantly (a few µs per step at SmolLM2 sizes) instead of one thread + one more barrier per matrix; the
+// input is the thread's private norm output or complete after the previous barrier.
+struct XNeeds {
+  bool f32 = false, i8 = false, bsum = false;
+};
+template <typename T>
+XNeeds x_needs(const Mat& w) {
+  XNeeds nd;
+  for (int64_t i = 0; i < w.n; ++i) {
+    const Part& p = w.parts[i];
+    if (p.qtype == kDense) continue;
+    nd.f32 |= p.path == QPath::fp32 && !std::is_same_v<T, float>;
+    nd.i8 |= p.path == QPath::int8;
+    nd.bsum |= p.path == QPath::bf16;
+  }
+  return nd;
+}
+
+template <typename T>
+struct XPrep {
+  std::vector<float> xf, dx, xs, xsum, yf;  // yf: fp16 x, a packed part's fp32 output before rounding to T
+  std::vector<int8_t> xq;
+  const T* x = nullptr;  // the input [M, K]
+  int64_t K = 0;
+  // all: what any matrix of the step needs; Kmax the widest input, Nmax the most output rows of one call
+  XPrep(const XNeeds& all, bool packed, int64_t M, int64_t Kmax, int64_t Nmax) {
+    if (all.f32) xf.resize(M * Kmax);
+    if (all.i8) xq.resize(M * Kmax), dx.resize(M * Kmax / 32 + 1), xs.resize(M * Kmax / 32 + 1);
+    if (all.bsum) xsum.resize(M * Kmax / 32 + 1);
+    if (std::is_same_v<T, c10::Half> && packed) yf.resize(M * Nmax);
+  }
+  void prepare(const Kernels& kn, const Mat& w, const T* x_, int64_t M, int64_t K_) {
+    x = x_, K = K_;
+    const XNeeds nd = x_needs<T>(w);
+    if (nd.f32)
+      for (int64_t i = 0; i < M * K; ++i) xf[i] = to_f(x[i]);
+    const auto* xb = reinterpret_cast<const uint16_t*>(x);  // int8 / bf16 paths: T is bf16
+    if (nd.i8) kn.qprep(static_cast<int>(QPath::int8), xb, M, K, xq.data(), dx.data(), xs.data());
+    if (nd.bsum) kn.qprep(static_cast<int>(QPath::bf16), xb, M, K, nullptr, xsum.data(), nullptr);
+  }
+};
+
+// y[m·ldy + j] = Σ_k x[m, k] · W_p[la + j, k] for j in [0, n): rows [la, la + n) of part p, rounded once to T
+// (the per-op kernels' rounding: skinny_linear for a dense part, qlinear's GEMV for a packed one).
+template <typename T>
+void part_rows(const Kernels& kn, const Part& p, XPrep<T>& xp, int64_t M, T* y, int64_t ldy, int64_t la, int64_t n) {
+  const char* w = static_cast<const char*>(p.w) + la * p.row_bytes;
+  if (p.qtype == kDense) {
+    kn.gemv(kElem<T>, y, ldy, xp.x, xp.K, w, xp.K, M, 0, n);
+    return;
+  }
+  const float* xf = std::is_same_v<T, float> ? reinterpret_cast<const float*>(xp.x) : xp.xf.data();
+  QGemv g{p.path, p.qtype, w, p.scales ? p.scales + la : nullptr, xp.K, M, xf,
+          reinterpret_cast<const uint16_t*>(xp.x), xp.xq.data(), p.path == QPath::int8 ? xp.dx.data() : xp.xsum.data(),
+          xp.xs.data(), std::is_same_v<T, c10::BFloat16>, y, ldy};
+  if constexpr (std::is_same_v<T, c10::Half>) {  // fp32 out, then one rounding (qlinear: out.copy_ of fp32)
+    g.y = xp.yf.data(), g.ldy = n;
+    kn.qgemv(g, 0, n);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < n; ++j) y[m * ldy + j] = from_f<T>(xp.yf[m * n + j]);
+  } else {
+    kn.qgemv(g, 0, n);
+  }
+}
+
+// y[m·ldy + (r - r0)] for the rows r in [r0, r1) of W, whatever parts they cross.
+template <typename T>
+void mat_rows(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, int64_t ldy, int64_t r0, int64_t r1) {
+  for (int64_t i = 0; i < w.n; ++i) {
+    const Part& p = w.parts[i];
+    const int64_t a = std::max(r0, p.n0), b = std::min(r1, p.n0 + p.rows);
+    if (a < b) part_rows(kn, p, xp, M, y + (a - r0), ldy, a - p.n0, b - a);
+  }
+}
+
+// y[m·ldy + r] for thread t's share of W: each part split over the team on its own (equal bytes per thread
+// whatever the formats; every slice starts at a multiple of 8 rows of its part, like qlinear's own split).
+template <typename T>
+void mat_slice(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, int64_t ldy, int t, int team) {
+  for (int64_t i = 0; i < w.n; ++i) {
+    const Part& p = w.parts[i];
+    const auto [a, b] = split(p.rows, t, team, 8);
+    if (a < b) part_rows(kn, p, xp, M, y + p.n0 + a, ldy, a, b - a);
+  }
+}
 
 // Phase 3 for row m, kv head g: RoPE, cache write, attention of the G q heads into out [Hq·D] of row m.
 template <typename T>
@@ -210,6 +340,14 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
   SpinYieldBarrier bar;
   const Kernels kn;
   const Elem elem = kElem<T>;
+  XNeeds needs;  // over all matrices: which input forms the threads' XPrep must hold
+  bool packed = false;
+  for (int64_t l = 0; l < L; ++l)
+    for (const Mat* w : {&layers[l].qkv, &layers[l].wo, &layers[l].w13, &layers[l].w2}) {
+      const XNeeds nd = x_needs<T>(*w);
+      needs.f32 |= nd.f32, needs.i8 |= nd.i8, needs.bsum |= nd.bsum;
+      for (int64_t i = 0; i < w->n; ++i) packed |= w->parts[i].qtype != kDense;
+    }
 #if defined(_OPENMP)
 #pragma omp parallel num_threads(nt)
 #endif
@@ -226,6 +364,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
     T* gbuf = gu.data() + static_cast<size_t>(t) * 2 * M * kFfnChunk;
     T* ubuf = gbuf + M * kFfnChunk;
     AttnScratch<T> scratch(G, D);
+    XPrep<T> xp(needs, packed, M, std::max({H, QD, I}), std::max(Nqkv, H));
     int cur = 0;
     // xt = rms_norm(src + res[cur]); thread 0 stores the sum as res[cur ^ 1].
     auto add_norm = [&](const T* src, const T* w) {
@@ -238,10 +377,8 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
     for (int64_t l = 0; l < L; ++l) {
       const Layer<T>& ly = layers[l];
       add_norm(x, ly.attn_norm);
-      {
-        const auto [n0, n1] = split(Nqkv, t, team, 8);
-        kn.gemv(elem, qkv.data(), Nqkv, xt, H, ly.qkv, H, M, n0, n1);
-      }
+      xp.prepare(kn, ly.qkv, xt, M, H);
+      mat_slice(kn, ly.qkv, xp, M, qkv.data(), Nqkv, t, team);
       barrier();
       {
         const auto [i0, i1] = split(M * s.Hkv, t, team, 1);
@@ -249,38 +386,34 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
           const int64_t m = it / s.Hkv, g = it % s.Hkv;
           attend(kn, s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
         }
-        const auto [n0, n1] = split(H, t, team, 8);
-        warm(ly.wo, QD, n0, n1);
+        warm_slice(ly.wo, t, team);
       }
       barrier();
       {
-        const auto [n0, n1] = split(H, t, team, 8);
-        kn.gemv(elem, o.data(), H, att.data(), QD, ly.wo, QD, M, n0, n1);
+        xp.prepare(kn, ly.wo, att.data(), M, QD);
+        mat_slice(kn, ly.wo, xp, M, o.data(), H, t, team);
         const auto [c0, c1] = split(I, t, team, kFfnChunk);
-        warm(ly.w13, H, c0, c1);
-        warm(ly.w13, H, I + c0, I + c1);
+        warm(ly.w13, c0, c1);
+        warm(ly.w13, I + c0, I + c1);
       }
       barrier();
       add_norm(o.data(), ly.ffn_norm);
       {
+        xp.prepare(kn, ly.w13, xt, M, H);
         const auto [c0, c1] = split(I, t, team, kFfnChunk);
         for (int64_t c = c0; c < c1; c += kFfnChunk) {
           const int64_t n = std::min(kFfnChunk, c1 - c);
-          kn.gemv(elem, gbuf, kFfnChunk, xt, H, ly.w13 + c * H, H, M, 0, n);
-          kn.gemv(elem, ubuf, kFfnChunk, xt, H, ly.w13 + (I + c) * H, H, M, 0, n);
+          mat_rows(kn, ly.w13, xp, M, gbuf, kFfnChunk, c, c + n);
+          mat_rows(kn, ly.w13, xp, M, ubuf, kFfnChunk, I + c, I + c + n);
           kn.silu_mul(elem, h.data() + c, I, gbuf, ubuf, kFfnChunk, 0, M, n);
         }
-        const auto [n0, n1] = split(H, t, team, 8);
-        warm(ly.w2, I, n0, n1);
+        warm_slice(ly.w2, t, team);
       }
       barrier();
       {
-        const auto [n0, n1] = split(H, t, team, 8);
-        kn.gemv(elem, x, H, h.data(), I, ly.w2, I, M, n0, n1);
-        if (l + 1 < L) {
-          const auto [q0, q1] = split(Nqkv, t, team, 8);
-          warm(layers[l + 1].qkv, H, q0, q1);
-        }
+        xp.prepare(kn, ly.w2, h.data(), M, I);
+        mat_slice(kn, ly.w2, xp, M, x, H, t, team);
+        if (l + 1 < L) warm_slice(layers[l + 1].qkv, t, team);
       }
       barrier();
     }

@@ -17,7 +17,7 @@ those classes to ``torch.ops.mistral_kernels``;
 ``attention.py``, before the C++ op.
 
 ``matmul.py`` holds :func:`linear` (the model's projections; the CPU-only ``skinny_linear`` kernel for
-decode-sized inputs), ``decode.py`` :func:`decode_layers` (CPU only: a decode step's dense layers in one call), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
+decode-sized inputs), ``decode.py`` :func:`decode_layers` (CPU only: a decode step's layers in one call, dense or packed weights), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
 tensors: every direct call with CUDA index tensors checks their range at the cost of a device sync,
 unless :func:`device_index_checks` switches that off.
 """

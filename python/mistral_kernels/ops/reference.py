@@ -338,24 +338,29 @@ def qlinear(
 # M decode rows, L layers; arguments as ops.decode_layers.
 
 
-def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: list[torch.Tensor], qkv: list[torch.Tensor],
-                  wo: list[torch.Tensor], ffn_norm: list[torch.Tensor], w13: list[torch.Tensor],
-                  w2: list[torch.Tensor], k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: list[torch.Tensor], qkv: list[object],
+                  wo: list[object], ffn_norm: list[torch.Tensor], w13: list[object],
+                  w2: list[object], k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
                   windows: list[int], positions: torch.Tensor, slot_mapping: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, cos_sin: torch.Tensor, n_heads: int,
                   eps: float, scale: float, is_neox: bool) -> None:
-    """The L dense decoder layers of one decode step, op by op with the references above (in place on x,
-    residual and the caches)."""
+    """The L decoder layers (dense FFN) of one decode step, op by op with the references above (in place on x,
+    residual and the caches). qkv, wo, w13, w2: per layer a dense tensor or a packed matrix; a packed matrix (QuantizedWeight / FusedWeight) is dequantized to fp32 (gguf's
+    decoding: ``dequantize``) and multiplied like a dense one."""
     m = x.shape[0]
     hkv, d = k_cache[0].shape[2], k_cache[0].shape[3]
-    for layer in range(len(qkv)):
+
+    def dense(w: object) -> torch.Tensor:
+        return w if isinstance(w, torch.Tensor) else w.dequantize(torch.float32)  # type: ignore[attr-defined]
+
+    for layer in range(len(attn_norm)):
         fused_add_rms_norm(x, residual, attn_norm[layer], eps)
-        q, k, v = linear(x, qkv[layer]).split([n_heads * d, hkv * d, hkv * d], -1)
+        q, k, v = linear(x, dense(qkv[layer])).split([n_heads * d, hkv * d, hkv * d], -1)
         q, k, v = q.reshape(m, n_heads, d), k.reshape(m, hkv, d), v.reshape(m, hkv, d)
         rotary_embedding(positions, q, k, cos_sin, is_neox)
         reshape_and_cache(k, v, k_cache[layer], v_cache[layer], slot_mapping)
         att = paged_decode_attention(q, k_cache[layer], v_cache[layer], block_tables, seq_lens, scale,
                                      windows[layer] if windows[layer] > 0 else None)
-        x.copy_(linear(att.reshape(m, n_heads * d), wo[layer]))
+        x.copy_(linear(att.reshape(m, n_heads * d), dense(wo[layer])))
         fused_add_rms_norm(x, residual, ffn_norm[layer], eps)
-        x.copy_(linear(silu_and_mul(linear(x, w13[layer])), w2[layer]))
+        x.copy_(linear(silu_and_mul(linear(x, dense(w13[layer]))), dense(w2[layer])))
