@@ -50,13 +50,19 @@ PROMPT = ("You are a helpful assistant. Explain in a few sentences why the sky i
           "are red, for a curious child.")
 
 
+def _add(acc: dict[str, float], name: str, t0: float, c0: float) -> None:
+    """Add the wall time and the main thread's CPU time since (t0, c0) to acc[name] and acc[name + "@cpu"]."""
+    acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+    acc[name + "@cpu"] = acc.get(name + "@cpu", 0.0) + time.thread_time() - c0
+
+
 def _timed(acc: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn(*a, **k)
         finally:
-            acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+            _add(acc, name, t0, c0)
     return wrapper
 
 
@@ -70,11 +76,11 @@ class _TimedFused:
         return self._inner.accepts(*a)
 
     def __call__(self, *a: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._inner(*a)
         finally:
-            self._acc["layers"] = self._acc.get("layers", 0.0) + time.perf_counter() - t0
+            _add(self._acc, "layers", t0, c0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -88,7 +94,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
-    llm = mistral_kernels.LLM(dtype=dtype, quantized=bool(args.quantized), max_batch=8)
+    llm = mistral_kernels.LLM(dtype=dtype, quantized=args.quantized == "1", max_batch=8)
     eng, model = llm.engine, llm.model
     acc: dict[str, float] = {}
     sch = eng.scheduler
@@ -103,16 +109,16 @@ def worker(args: argparse.Namespace) -> None:
     eng.output.process = _timed(acc, "process", eng.output.process)
     eng.stats.record_step = _timed(acc, "stats", eng.stats.record_step)
     rows: list[dict[str, float]] = []
-    last: list[float] = []  # end of the previous step (none before the prefill)
+    last: list[float] = []  # (wall, main-thread CPU) at the end of the previous step; none before the prefill
 
     def timed_step(step: Callable[[], list[int]] = eng.step) -> list[int]:
         out = step()
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         if last:  # one loop iteration: from the end of the previous step to the end of this one
             row = dict(acc)
-            row["step"] = now - last[0]
+            row["step"], row["step@cpu"] = now - last[0], cpu - last[1]
             rows.append(row)
-        last[:] = [now]
+        last[:] = [now, cpu]
         acc.clear()
         return out
 
@@ -138,15 +144,18 @@ def worker(args: argparse.Namespace) -> None:
             sink.close()
         if prof is not None and rep:
             prof.disable()
-    med = {k: statistics.median(r.get(k, 0.0) for r in rows) * 1e3 for k in
-           ("step", "forward", "layers", "execute", "sample", "schedule", "commit", "process", "stats")}
-    out = {
-        "step": med["step"], "forward": med["forward"], "layers": med["layers"],
-        "head": med["forward"] - med["layers"], "runner": med["execute"] - med["forward"] - med["sample"],
-        "sample": med["sample"], "engine": med["step"] - med["execute"], "overhead": med["step"] - med["forward"],
-        "schedule": med["schedule"], "commit": med["commit"], "process": med["process"], "stats": med["stats"],
-        "steps": len(rows),
-    }
+    def derived(r: dict[str, float], x: str) -> dict[str, float]:
+        g = {n: r.get(n + x, 0.0) * 1e3 for n in ("step", "forward", "layers", "execute", "sample", "schedule",
+                                                 "commit", "process", "stats")}
+        return {k + x: v for k, v in {
+            "step": g["step"], "forward": g["forward"], "layers": g["layers"], "head": g["forward"] - g["layers"],
+            "runner": g["execute"] - g["forward"] - g["sample"], "sample": g["sample"],
+            "engine": g["step"] - g["execute"], "overhead": g["step"] - g["forward"], "schedule": g["schedule"],
+            "commit": g["commit"], "process": g["process"], "stats": g["stats"]}.items()}
+
+    per_step = [derived(r, "") | derived(r, "@cpu") for r in rows]  # medians of per-step values
+    out: dict[str, Any] = {k: statistics.median(d[k] for d in per_step) for k in per_step[0]}
+    out["steps"] = len(rows)
     if prof is not None:
         import io
         import pstats
@@ -157,7 +166,8 @@ def worker(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(out))
 
 
-COLUMNS = ("step", "forward", "layers", "head", "runner", "sample", "engine", "overhead")
+COLUMNS = ("step", "forward", "layers", "head", "runner", "sample", "engine", "overhead", "runner@cpu",
+           "sample@cpu", "engine@cpu", "overhead@cpu")
 OPS = ("layers", "embed", "final_norm", "lm_head", "float", "argmax", "argmax_raw")
 
 
@@ -173,7 +183,7 @@ def ops_worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
-    llm = mistral_kernels.LLM(dtype=dtype, quantized=bool(args.quantized), max_batch=8)
+    llm = mistral_kernels.LLM(dtype=dtype, quantized=args.quantized == "1", max_batch=8)
     model, cache = llm.model, llm.engine.cache
     pos = 48
     batch = AttentionBatch.build([list(range(1, 5))], [pos], [1], cache.block_size)

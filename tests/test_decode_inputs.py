@@ -1,7 +1,8 @@
 """CpuDecodeInputs (mistral_kernels/decode_inputs.py): in-place decode-step index buffers against
 AttentionBatch.build (the reference: fresh tensors from the same host lists) over a random run of steps in
 which rows change request, tables grow past the allocated width and B changes; its errors; and a decode
-through the model with its batch gives the logits of the built batch.
+through the model with its batch gives the logits of the built batch. Also the model's serial fp32 cast of a
+decode step's logits (vs ``Tensor.float()``).
 
 Shape letters: B sequences, V vocab.
 """
@@ -108,3 +109,16 @@ def test_model_decode_with_the_buffers_equals_the_built_batch(dtype: torch.dtype
         assert torch.equal(got, want)
     for a, b in zip(cache.k + cache.v, ref_cache.k + ref_cache.v):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 49152), (3, 40000), (9, 32768), (2, 5)])
+def test_fp32_logits_is_the_fp32_cast(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    """Model.forward's cast of the head's output (serial in pieces for a decode step's logits, mistral_kernels.
+    model.fp32_logits) equals ``Tensor.float()`` (the reference), above and below the serial limit."""
+    from mistral_kernels.model import fp32_logits
+
+    y = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    got = fp32_logits(y)
+    assert got.dtype == torch.float32 and torch.equal(got, y.float())
+    assert (got.data_ptr() == y.data_ptr()) == (dtype == torch.float32)
