@@ -7,7 +7,7 @@ phases: csrc/cpu/decode_step.h): one OpenMP parallel region per step instead of 
 Python, each with its own small parallel region. :class:`~mistral_kernels.model.Model` builds it when the
 model qualifies (:meth:`FusedCpuDecode.build`) and sends decode-only steps of at most 16 tokens through it;
 everything else (prefill, mixed steps, MoE, tensor-parallel layers, emulated kernels, weights that are not
-plain dense fp32 / bf16 / fp16 tensors — e.g. quantized blocks) runs the per-op layers. The result equals the
+plain dense fp32 / bf16 tensors — e.g. quantized blocks) runs the per-op layers. The result equals the
 per-op path (tests/test_cpu_decode.py).
 """
 
@@ -67,7 +67,7 @@ class FusedCpuDecode:
               device: torch.device, dtype: torch.dtype) -> FusedCpuDecode | None:
         """The fused path for these layers, or None when they need the per-op path: not the native CPU
         kernels, MoE, layers of another config (tensor-parallel shards; the model also passes only its own
-        DecoderLayer class), or any weight that is not a plain dense contiguous fp32 / bf16 / fp16 CPU tensor of the
+        DecoderLayer class), or any weight that is not a plain dense contiguous fp32 / bf16 CPU tensor of the
         model's dtype."""
         if kernels is not ops or device.type != "cpu" or dtype not in _DTYPES or config.is_moe or not layers:
             return None
