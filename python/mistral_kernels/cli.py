@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
     g.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
-                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU")
+                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU "
+                        "(an explicit fp16 runs there too, in fp32 math)")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--max-batch", type=_positive(int), default=8, help="sequences per engine step (8)")
     g.add_argument("--block-size", type=_positive(int), default=16, help="KV cache block size in tokens (16)")

@@ -43,7 +43,7 @@ class DenseLayer(Protocol):
 
 __all__ = ["FusedCpuDecode"]
 
-_DTYPES = (torch.float32, torch.bfloat16)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _plain(t: object, dtype: torch.dtype) -> bool:

@@ -39,7 +39,8 @@ class LLM:
     path : str, Path or None
         HF directory, Mistral consolidated directory or ``.gguf`` file; None = the default model.
     device, dtype : where and in which dtype the weights and the KV cache live; ``dtype=None`` (default) is
-        the checkpoint's own (:func:`mistral_kernels.weights.default_dtype`; fp16 → bf16 on the CPU).
+        the checkpoint's own (:func:`mistral_kernels.weights.default_dtype`; fp16 → bf16 on the CPU). An explicit
+        ``torch.float16`` runs on the CPU too (fp16 storage, fp32 math: code written for a GPU runs unchanged).
     max_batch : most sequences decoded together.
     block_size : KV cache block size (tokens, a power of two).
     num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (cache.default_num_blocks).
@@ -71,7 +72,6 @@ class LLM:
         self.path = Path(path)
         if dtype is None:
             dtype = default_dtype(self.path, device)
-        _check_device_dtype(device, dtype)
         if parallel is None:  # warn before loading rather than be killed while loading
             config = load_config(self.path)
             if num_blocks is not None:  # an impossible pool fails before the weights load
@@ -174,9 +174,3 @@ class LLM:
             # must not keep its KV blocks. After pop_completion this is a no-op.
             self.engine.abort(rid)
 
-
-def _check_device_dtype(device: str | torch.device, dtype: torch.dtype) -> None:
-    """The CPU kernels compute in float32 and bfloat16 only: reject float16 there before loading anything."""
-    if dtype == torch.float16 and torch.device(device).type == "cpu":
-        raise ValueError("dtype float16 (--dtype fp16) is not supported on the CPU, whose kernels run float32 and "
-                         "bfloat16; use --dtype bf16 or fp32, or a CUDA device")

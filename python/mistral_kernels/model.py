@@ -39,7 +39,32 @@ from .packed_moe import packed_moe
 from .quant_weight import PackedWeight, QuantizedWeight
 from .rope_scaling import RopeTable
 
-__all__ = ["DecoderLayer", "KVCache", "Model"]
+__all__ = ["DecoderLayer", "KVCache", "Model", "fp32_logits"]
+
+# ATen runs an elementwise op over fewer elements than this on the calling thread (at::internal::GRAIN_SIZE,
+# ATen/TensorIterator.h), over more in a parallel region.
+_ATEN_GRAIN = 32768
+_SERIAL_LOGITS = 8 * _ATEN_GRAIN  # fp32 casts of at most this many logits run serially (a decode step's)
+
+
+def fp32_logits(y: torch.Tensor) -> torch.Tensor:
+    """``y.float()`` for the LM head's output y [N, V]; on the CPU, a decode step's without a parallel region.
+
+    A cast of more than 32768 elements opens an OpenMP region, whose wake-up and join cost more than the
+    cast of one decode step's logits (SmolLM2: V = 49152): microseconds on an idle machine, a time slice
+    (milliseconds) on a loaded one, where the pool's threads are not running (benchmarks/results/
+    engine_overhead.md). Up to ``_SERIAL_LOGITS`` elements the cast runs in pieces below ATen's grain, on
+    this thread; larger outputs (prefill logits of many rows) keep the parallel cast.
+    """
+    n = y.numel()
+    if y.dtype == torch.float32 or y.device.type != "cpu" or n > _SERIAL_LOGITS or not y.is_contiguous():
+        return y.float()
+    out = torch.empty(y.shape, dtype=torch.float32)
+    flat_out, flat_y = out.view(-1), y.view(-1)
+    piece = _ATEN_GRAIN // 2
+    for start in range(0, n, piece):
+        flat_out[start:start + piece].copy_(flat_y[start:start + piece])
+    return out
 
 
 @dataclass
@@ -220,7 +245,7 @@ class Model:
         self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]                                        # [N, H]
-        return ops.linear(x, self.lm_head).float()                               # [N, V]
+        return fp32_logits(ops.linear(x, self.lm_head))                           # [N, V]
 
     def _layers(self, x: torch.Tensor, residual: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
                 cache: KVCache) -> torch.Tensor:

@@ -12,7 +12,9 @@ No host sync in a step (issue 14): the step's index tensors are validated once, 
 without a sync (:mod:`.transfer`), and ``model.forward`` runs with the device index checks off
 (:func:`mistral_kernels.ops.device_index_checks`). Decode steps (every chunk one new token that samples)
 go through :class:`~mistral_kernels.decode_graphs.DecodeGraphRunner` unless ``enforce_eager``: padded
-static buffers, replayed as CUDA graphs on CUDA. tests/test_sync_free.py proves it.
+static buffers, replayed as CUDA graphs on CUDA. tests/test_sync_free.py proves it. On the CPU (no
+graphs), decode steps take their index tensors from :class:`~mistral_kernels.decode_inputs.CpuDecodeInputs`:
+buffers allocated once and updated in place, no tensor built per step.
 
 Mixed steps (prefill chunks and decodes): the runner puts every single-token chunk first, so all decode
 rows take the decode kernel (split-K) and only the prefill rows the prefill kernel
@@ -28,6 +30,7 @@ import torch
 from .batch import AttentionBatch
 from .config import ModelConfig
 from .decode_graphs import DecodeGraphRunner
+from .decode_inputs import CpuDecodeInputs
 from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
 from .packed_moe import has_packed_experts
@@ -66,6 +69,8 @@ class ModelRunner:
         CUDA graphs on a CUDA model, plain forward elsewhere (and for tensor-parallel models, whose
         collectives are not captured yet, and models with packed MoE experts, whose expert loop reads the
         segment bounds on the host: :mod:`mistral_kernels.packed_moe`). False: the padded runner on every device (eager off CUDA).
+        A CPU model without the padded runner takes its decode steps' index tensors from
+        :class:`~mistral_kernels.decode_inputs.CpuDecodeInputs` (in-place buffers, no padding).
 
     Attributes
     ----------
@@ -87,6 +92,8 @@ class ModelRunner:
             enforce_eager = self.device.type != "cuda" or self._broadcast is not None or has_packed_experts(model)
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
             model, self.cache, num_blocks, block_size, max_batch, capture=self.device.type == "cuda")
+        self.cpu_decode_inputs = CpuDecodeInputs(max_batch, block_size, num_blocks, model.config.max_position) \
+            if self.decode_graphs is None and self.device.type == "cpu" else None
 
     def generator_for(self, params: SamplingParams) -> torch.Generator | None:
         """A request's own generator: seeded when it samples with a seed, else None (the shared one)."""
@@ -119,10 +126,15 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> list[int]:
         """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)."""
         chunks = output.chunks
-        if (self.decode_graphs is not None and len(chunks) <= self.decode_graphs.max_batch
-                and all(c.num_new == 1 and c.samples for c in chunks)):
+        decode = bool(chunks) and all(c.num_new == 1 and c.samples for c in chunks)
+        if decode and self.decode_graphs is not None and len(chunks) <= self.decode_graphs.max_batch:
             logits = self.decode_graphs.forward([c.token_ids[0] for c in chunks], [c.block_table for c in chunks],
                                                 [c.num_cached for c in chunks])  # [N, V]
+        elif decode and self.cpu_decode_inputs is not None and len(chunks) <= self.cpu_decode_inputs.max_batch:
+            ids, batch = self.cpu_decode_inputs.step([c.token_ids[0] for c in chunks],
+                                                     [c.block_table for c in chunks], [c.num_cached for c in chunks])
+            with device_index_checks(False):  # validated on the host by CpuDecodeInputs.step
+                logits = self.model.forward(ids, batch, self.cache)  # [N, V]
         else:
             logits = self._forward_mixed(chunks, output.block_size)  # [N, V]
         samplers = output.sampling_requests

@@ -189,19 +189,23 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     b = logits.shape[0]
     if len(params) != b or len(generators) != b:
         raise ValueError(f"sample: {b} rows but {len(params)} params and {len(generators)} generators")
-    x = logits.float().clone()
     pen_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+    rand_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not (pen_rows or pf_rows or rand_rows):
+        # Greedy batch: the argmax of the logits as given (a 16-bit → fp32 cast is exact and monotone, so the
+        # same ids, lowest on ties), no fp32 copy, no probabilities.
+        return logits.argmax(dim=-1)
+    x = logits.to(torch.float32, copy=True)  # the penalties below write into it, never into `logits`
     if pen_rows:
         if seen is None:
             raise ValueError("sample: repetition_penalty needs `seen` (the tokens of each sequence)")
         _penalize(x, pen_rows, [params[i].repetition_penalty for i in pen_rows], seen)
-    pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
     if pf_rows:
         if generated is None:
             raise ValueError("sample: presence / frequency penalties need `generated` (each row's output tokens)")
         _presence_frequency(x, pf_rows, params, generated)
     out = x.argmax(dim=-1)
-    rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rand_rows:
         return out
     dev = x.device

@@ -17,9 +17,9 @@ weights plus a few tens of MB.
 Default dtype (``dtype=None``, like transformers' ``dtype="auto"``): the checkpoint's own —
 ``dtype`` / ``torch_dtype`` in config.json, else the stored dtype of most of the weights (consolidated
 files: bf16 as Mistral publishes them; GGUF: F32 / F16 / BF16, quantized types → fp32 as they dequantize).
-On the CPU, whose kernels take fp32 and bf16, fp16 becomes bf16 (same size; fp16 values with |x| < 2^-14
-lose precision, others keep 8 of their 11 significant bits) and fp64 becomes fp32
-(:func:`default_dtype`).
+On the CPU fp16 becomes bf16 by default (same size; fp16 values with |x| < 2^-14 lose precision, others
+keep 8 of their 11 significant bits; an explicit ``dtype=torch.float16`` keeps fp16, computed in fp32) and
+fp64 becomes fp32 (:func:`default_dtype`).
 
 Shape letters: H hidden, I intermediate, V vocab, Hq / Hkv heads, D head_dim, E experts.
 
@@ -280,7 +280,7 @@ def checkpoint_dtype(path: str | Path) -> torch.dtype:
 
 def default_dtype(path: str | Path, device: torch.device | str = "cpu") -> torch.dtype:
     """The dtype a model loads in when none is asked: :func:`checkpoint_dtype`, with fp64 → fp32 and, on the
-    CPU (kernels in fp32 and bf16), fp16 → bf16."""
+    CPU, fp16 → bf16 (an explicit fp16 runs there as well)."""
     dtype = checkpoint_dtype(path)
     if dtype == torch.float64:
         return torch.float32

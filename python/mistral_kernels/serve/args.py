@@ -23,7 +23,8 @@ def add_serve_arguments(p: argparse.ArgumentParser, positive: Callable[[type], o
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may take to finish after SIGINT / SIGTERM (30)")
     p.add_argument("--dtype", choices=dtypes, default="auto",
-                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU")
+                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU "
+                        "(an explicit fp16 runs there too, in fp32 math)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--max-batch", type=positive(int), default=8, help="sequences per engine step (8)")
     p.add_argument("--block-size", type=positive(int), default=16, help="KV cache block size in tokens (16)")
