@@ -61,7 +61,7 @@ def _check(name: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 40, 64])  # prefill: x in blocks of 16 rows, pairs + a lone block
 @pytest.mark.parametrize("name", FORMATS)
 def test_qlinear_matches_gguf_dequantize_matmul(name: str, M: int, dtype: torch.dtype) -> None:
     k = _k_for(name)
