@@ -1,15 +1,16 @@
-"""CPU qlinear benchmark (csrc/cpu/quant.cpp): quantized weights vs the dense bf16 linear on the same shape.
+"""CPU qlinear benchmark (csrc/cpu/quant.cpp): quantized weights vs the dense linear on the same shape.
 
-    python benchmarks/bench_quant.py [--threads 1,2] [--only FORMAT] [--prefill-tokens M]
+    python benchmarks/bench_quant.py [--threads 1,2] [--only FORMAT] [--prefill-tokens M] [--parts prefill]
 
 Decode (M = 1): the GEMV streams the packed weight once, so its roofline is the memory bandwidth: the table
 gives GB/s of packed bytes (N · K / QK · bytes per block) and that as a % of the copy bandwidth measured in the
 same run (reads + writes of a 256 MB copy), next to ops.linear on the dense bf16 weight (N · K · 2 bytes)
 and the speed-up over it (fewer bytes per weight → fewer bytes to stream).
-Prefill (M = --prefill-tokens): dequantized tiles of W and a GEMM; GFLOP/s (2 · M · N · K / time) next to
-torch's bf16 GEMM on the dense weight.
-Activations bf16 (Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K decode: quantized to int8 per 32 on a VNNI CPU, see
-csrc/cpu/quant_kernels.h). Weights: random blocks with finite fp16 scales (speed does not depend on the values).
+Decode activations are bf16 (Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K: quantized to int8 per 32 on a VNNI CPU, see
+csrc/cpu/isa/quant_kernels.h).
+Prefill (M = --prefill-tokens; ``--parts prefill`` alone): dequantized tiles of W and a GEMM, fp32 and bf16
+activations; GFLOP/s (2 · M · N · K / time) next to torch's GEMM on the dense weight of the same dtype.
+Weights: random blocks with finite fp16 scales (speed does not depend on the values).
 Times are the minimum over repeated calls (and the copy bandwidth the maximum): on a shared machine the
 minimum is the run least disturbed by other processes, and both sides of every ratio are measured alike.
 Shapes: Mistral-7B (H 4096, I 14336) and SmolLM2-135M (H 576, I 1536; K = 576 is not a multiple of 256, so
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -44,7 +45,13 @@ SHAPES = {
     ("smollm2-135m", "gate/up proj"): (1536, 576),
     ("smollm2-135m", "down proj"): (576, 1536),
 }
-PREFILL_SHAPES = [("mistral-7b", "q/o proj"), ("smollm2-135m", "gate/up proj")]
+PREFILL_SHAPES = {  # the fused projections of the models (q|k|v and gate|up are one packed weight each)
+    ("mistral-7b", "q/o proj"): (4096, 4096),
+    ("smollm2-135m", "qkv proj"): (960, 576),
+    ("smollm2-135m", "gate|up proj"): (3072, 576),
+    ("smollm2-135m", "down proj"): (576, 1536),
+}
+QCall = Callable[[torch.Tensor, int, "torch.Tensor | None"], torch.Tensor]  # (qweight, qtype, scales) → out
 
 
 def best_time(fn: Callable[[], object], repeats: int = 20, min_time: float = 0.3) -> float:
@@ -68,57 +75,72 @@ def copy_gbs(nbytes: int = 64 << 20) -> float:
     return 2 * nbytes / best_time(lambda: dst.copy_(src), repeats=40, min_time=1.0) / 1e9
 
 
-def run(threads: int, formats: list[str], m: int) -> str:
-    """The decode and prefill tables for one thread count, as markdown."""
-    torch.set_num_threads(threads)
-    dtype = torch.bfloat16
-    bw = copy_gbs()
-    print(f"{threads} threads: copy bandwidth {bw:.1f} GB/s", flush=True)
-    decode_rows: list[list[object]] = []
+def format_timings(n: int, k: int, formats: list[str], call: QCall, *, repeats: int,
+                   min_time: float = 0.3) -> Iterator[tuple[str, float, int]]:
+    """(format, best seconds per call, packed bytes) of ``call(qweight, qtype, scales)`` on a random W [N, K] in
+    each format of ``formats`` that K fits (K a multiple of its block)."""
+    for name in formats:
+        f = QFORMATS[name]
+        if k % f.block:
+            continue
+        qweight, scales = random_qweight(name, n, k, seed=1, random_bytes=True)
+        nbytes = qweight.numel() * qweight.element_size() + (0 if scales is None else scales.numel() * 4)
+        t = best_time(lambda: call(qweight, f.qtype, scales), repeats=repeats, min_time=min_time)
+        yield name, t, nbytes
+
+
+def decode_table(formats: list[str], bw: float) -> str:
+    """M = 1, bf16 x: GB/s of packed bytes vs the dense bf16 GEMV, every shape of SHAPES."""
+    rows: list[list[object]] = []
     for (model, proj), (n, k) in SHAPES.items():
         g = torch.Generator().manual_seed(n + k)
-        x = torch.randn(1, k, generator=g).to(dtype)
-        dense = (torch.randn(n, k, generator=g) * 0.02).to(dtype)
+        x = torch.randn(1, k, generator=g).to(torch.bfloat16)
+        dense = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
         t_dense = best_time(lambda: ops.linear(x, dense), repeats=60, min_time=1.0)
         dense_gbs = n * k * 2 / t_dense / 1e9
-        decode_rows.append([model, proj, n, k, "bf16 dense", 2.0, t_dense * 1e6, dense_gbs, 100 * dense_gbs / bw, 1.0])
-        print(decode_rows[-1], flush=True)
-        for name in formats:
-            f = QFORMATS[name]
-            if k % f.block:
-                continue
-            qweight, scales = random_qweight(name, n, k, seed=1, random_bytes=True)
-            nbytes = qweight.numel() * qweight.element_size() + (0 if scales is None else scales.numel() * 4)
-            t = best_time(lambda: ops.qlinear(x, qweight, f.qtype, scales), repeats=60, min_time=1.0)
+        rows.append([model, proj, n, k, "bf16 dense", 2.0, t_dense * 1e6, dense_gbs, 100 * dense_gbs / bw, 1.0])
+        print(rows[-1], flush=True)
+        for name, t, nbytes in format_timings(n, k, formats, lambda q, qt, sc: ops.qlinear(x, q, qt, sc),
+                                              repeats=60, min_time=1.0):
             gbs = nbytes / t / 1e9
-            decode_rows.append([model, proj, n, k, name, nbytes / (n * k), t * 1e6, gbs, 100 * gbs / bw, t_dense / t])
-            print(decode_rows[-1], flush=True)
+            rows.append([model, proj, n, k, name, nbytes / (n * k), t * 1e6, gbs, 100 * gbs / bw, t_dense / t])
+            print(rows[-1], flush=True)
+    return markdown_table(["model", "weight", "N", "K", "format", "bytes/weight", "time (us)", "GB/s packed",
+                           "% of copy bw", "speed-up vs bf16"], rows)
 
-    prefill_rows: list[list[object]] = []
-    for model, proj in PREFILL_SHAPES:
-        n, k = SHAPES[(model, proj)]
-        g = torch.Generator().manual_seed(n + k)
-        x = torch.randn(m, k, generator=g).to(dtype)
-        dense = (torch.randn(n, k, generator=g) * 0.02).to(dtype)
+
+def prefill_table(formats: list[str], m: int) -> str:
+    """M = m rows of x in fp32 and bf16: GFLOP/s of qlinear vs ops.linear on the dense weight of the same dtype
+    (torch's GEMM), every shape of PREFILL_SHAPES."""
+    rows: list[list[object]] = []
+    for (model, proj), (n, k) in PREFILL_SHAPES.items():
         flop = 2 * m * n * k
-        t_dense = best_time(lambda: ops.linear(x, dense), repeats=5)
-        prefill_rows.append([model, proj, m, n, k, "bf16 dense", t_dense * 1e3, flop / t_dense / 1e9, 1.0])
-        print(prefill_rows[-1], flush=True)
-        for name in formats:
-            f = QFORMATS[name]
-            if k % f.block:
-                continue
-            qweight, scales = random_qweight(name, n, k, seed=1, random_bytes=True)
-            t = best_time(lambda: ops.qlinear(x, qweight, f.qtype, scales), repeats=5)
-            prefill_rows.append([model, proj, m, n, k, name, t * 1e3, flop / t / 1e9, t_dense / t])
-            print(prefill_rows[-1], flush=True)
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator().manual_seed(n + k)
+            x = torch.randn(m, k, generator=g).to(dtype)
+            dense = (torch.randn(n, k, generator=g) * 0.02).to(dtype)
+            label = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+            t_dense = best_time(lambda: ops.linear(x, dense), repeats=5)
+            rows.append([model, proj, m, n, k, label, f"{label} dense", t_dense * 1e3, flop / t_dense / 1e9, 1.0])
+            print(rows[-1], flush=True)
+            for name, t, _ in format_timings(n, k, formats, lambda q, qt, sc: ops.qlinear(x, q, qt, sc), repeats=5):
+                rows.append([model, proj, m, n, k, label, name, t * 1e3, flop / t / 1e9, t_dense / t])
+                print(rows[-1], flush=True)
+    return markdown_table(["model", "weight", "M", "N", "K", "x", "format", "time (ms)", "GFLOP/s",
+                           "vs dense GEMM"], rows)
 
-    decode = markdown_table(["model", "weight", "N", "K", "format", "bytes/weight", "time (us)", "GB/s packed",
-                             "% of copy bw", "speed-up vs bf16"], decode_rows)
-    prefill = markdown_table(["model", "weight", "M", "N", "K", "format", "time (ms)", "GFLOP/s",
-                              "vs bf16 GEMM"], prefill_rows)
-    return (f"## {threads} thread{'s' if threads > 1 else ''} (copy bandwidth {bw:.1f} GB/s)\n\n"
-            f"### Decode (M = 1)\n\n{decode}\n\n### Prefill (M = {m})\n\n{prefill}\n")
+
+def run(threads: int, formats: list[str], m: int, parts: str) -> str:
+    """The decode and / or prefill tables for one thread count, as markdown."""
+    torch.set_num_threads(threads)
+    bw = copy_gbs()
+    print(f"{threads} threads: copy bandwidth {bw:.1f} GB/s", flush=True)
+    text = f"## {threads} thread{'s' if threads > 1 else ''} (copy bandwidth {bw:.1f} GB/s)\n\n"
+    if parts in ("both", "decode"):
+        text += f"### Decode (M = 1, bf16 x)\n\n{decode_table(formats, bw)}\n\n"
+    if parts in ("both", "prefill"):
+        text += f"### Prefill (M = {m})\n\n{prefill_table(formats, m)}\n"
+    return text
 
 
 def main() -> None:
@@ -126,18 +148,22 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--only", default="", help="one format, e.g. Q4_K (prints, writes no file)")
     parser.add_argument("--prefill-tokens", type=int, default=256)
+    parser.add_argument("--parts", choices=("both", "decode", "prefill"), default="both",
+                        help="which tables (prefill alone writes results/quant_cpu_prefill.md)")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args()
     formats = [f for f in QFORMATS if not args.only or f == args.only]
-    sections = [run(int(t), formats, args.prefill_tokens) for t in args.threads.split(",")]
-    text = ("# qlinear on CPU: decode GEMV and prefill GEMM\n\n"
+    sections = [run(int(t), formats, args.prefill_tokens, args.parts) for t in args.threads.split(",")]
+    title = {"both": "decode GEMV and prefill GEMM", "decode": "decode GEMV", "prefill": "prefill GEMM"}[args.parts]
+    text = (f"# qlinear on CPU: {title}\n\n"
             "`python benchmarks/bench_quant.py` on this machine (AMD EPYC Zen 4 VM, AVX-512 VNNI / BF16, shared with "
             "other jobs: best-of-N times). GB/s count packed bytes; the copy bandwidth (reads + writes) is measured "
-            "in the same run. bf16 activations.\n\n" + "\n".join(sections))
+            "in the same run.\n\n" + "\n".join(sections))
     print(text)
     if not args.only:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "quant_cpu.md").write_text(text)
+        name = "quant_cpu_prefill.md" if args.parts == "prefill" else "quant_cpu.md"
+        (args.out / name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def _check(name: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 3, 16, 17, 64])
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 40, 64])  # prefill: x in blocks of 16 rows, pairs + a lone block
 @pytest.mark.parametrize("name", FORMATS)
 def test_qlinear_matches_gguf_dequantize_matmul(name: str, M: int, dtype: torch.dtype) -> None:
     k = _k_for(name)
@@ -84,8 +84,8 @@ def test_qlinear_fp16_leading_dims_and_out(name: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_qlinear_prefill_spans_several_weight_tiles(dtype: torch.dtype) -> None:
-    # The GEMM path dequantizes W in tiles of ~1 MB (kTileBytes): N = 700 rows of K = 768 are 3 fp32 tiles or
-    # 2 bf16 tiles, the last one partial.
+    # The GEMM path dequantizes W in equal tiles of <= ~1 MB (kTileBytes), a multiple of the thread count: N = 700
+    # rows of K = 768 are 3 fp32 tiles of 240 rows at 1 thread, 4 of 176 at 2 (bf16: 2 of 352), the last one partial.
     qweight, _ = random_qweight("Q4_K", 700, 768, seed=1)
     x = torch.randn(20, 768, generator=torch.Generator().manual_seed(2)).to(dtype)
     _check("Q4_K", x, qweight, None, ops.qlinear(x, qweight, QFORMATS["Q4_K"].qtype))

@@ -5,15 +5,18 @@
 //     or bf16 dot-product paths where the CPU and format have them, anything else the fp32 decoding (x converted
 //     to fp32 once, M·K elements). Results are written once in out's dtype. Bound: memory — the packed bytes
 //     N·R per call at copy bandwidth.
-//   M > kGemvMaxM (prefill): parallel over tiles of W's rows (about kTileBytes each): a task dequantizes a tile
-//     into its own buffer as fp32 (bf16 when x is bf16: the weights are then rounded to bf16 like a dense bf16
-//     model's, and the GEMM runs at the bf16 rate) and multiplies it by x with ATen's GEMM (at::mm, one thread
-//     inside the parallel region).
-//     Bound: the GEMM's FLOPs, 2·M·N·K; the dequantization adds N·K element stores per call.
+//   M > kGemvMaxM (prefill): one parallel region over tiles of W's rows — equal tiles, the same number per
+//     thread, each at most ~kTileBytes dequantized — where a task dequantizes a tile into its thread's buffer
+//     (L2) and multiplies x by it at once: fp32 x on AVX-512 levels by our tile kernel (isa/quant_tiles.h: W read
+//     in place, x packed once per call), bf16 x by ATen's GEMM on bf16 tiles (the weights rounded to bf16 like a
+//     dense bf16 model's; oneDNN's vdpbf16ps GEMM, one thread inside the region), written into out's columns.
+//     Bound: the GEMM's FLOPs, 2·M·N·K; the dequantization adds N·K element stores per call (~5 % of a
+//     SmolLM2 projection at M = 73, benchmarks/results/quant_cpu_prefill.md).
 // Accuracy of each path: csrc/cpu/isa/quant_kernels.h; tests/test_quant_linear.py checks the bounds.
 #include <torch/library.h>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 
 #include <vector>
@@ -21,6 +24,7 @@
 #include "../checks/quant.h"
 #include "common.h"
 #include "isa/quant.h"
+#include "isa/quant_tiles.h"
 #include "isa_dispatch.h"
 
 namespace mk::cpu {
@@ -85,26 +89,62 @@ void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
   });
 }
 
+// Per-thread tile buffer of the prefill path, 64-byte aligned, grown on demand and kept: no allocation and no
+// fresh pages (page faults) per call.
+void* tile_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
+}
+
 void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
                   const std::optional<at::Tensor>& scales, int64_t qtype) {
-  const int64_t K = x.size(1), N = qweight.size(0);
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xg = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const at::ScalarType tile_type = bf16 ? at::kBFloat16 : at::kFloat;
   const int64_t elt = bf16 ? 2 : 4;
-  // rows per tile: about kTileBytes, a multiple of 16, and at least one tile per thread
-  const int64_t per_thread = (N + at::get_num_threads() - 1) / at::get_num_threads();
-  const int64_t nt = std::min<int64_t>(std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16), per_thread);
+  const bool direct = out.scalar_type() == tile_type;  // the GEMM writes out's columns in place
+  // fp32 tiles × fp32 out on an AVX-512 level: our tile kernel (isa/quant_tiles.h) on x packed once per call;
+  // otherwise ATen's GEMM per tile (bf16: oneDNN's vdpbf16ps GEMM, measured as fast as our kernel would be).
+  const bool own = !bf16 && direct && MK_ISA_CALL(tile_gemm_supported)();
+  at::Tensor xt;
+  if (own) {
+    xt = at::empty({MK_ISA_CALL(tile_x_bytes)(M, K) / 4}, x.options().dtype(at::kFloat));
+    const auto pack = MK_ISA_CALL(tile_pack_x);
+    at::parallel_for(0, (M + 15) / 16, parallel_grain(16 * K, 1), [&](int64_t b0, int64_t b1) {
+      pack(xg.const_data_ptr<float>(), M, K, b0, b1, xt.data_ptr<float>());
+    });
+  }
+  // Tiles of W: at most ~kTileBytes dequantized (they stay in the thread's L2 between the dequantization and
+  // the GEMM), a multiple of 16 rows, and a multiple of the thread count of them with equal rows, so that every
+  // thread gets the same work (at::parallel_for hands each thread one contiguous range of tiles).
+  const int64_t nthreads = at::get_num_threads();
+  const int64_t max_rows = std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16);
+  const int64_t want = nthreads * ((N + nthreads * max_rows - 1) / (nthreads * max_rows));
+  const int64_t nt = ((N + want - 1) / want + 15) / 16 * 16;
   const int64_t ntiles = (N + nt - 1) / nt;
-  // Each task dequantizes its tiles into its own buffer and multiplies them by x with a single-threaded GEMM
-  // (at::mm inside a parallel region): one parallel region per call, each tile used from the thread's L2.
   const auto dequant = MK_ISA_CALL(quant_dequant_rows);
+  const auto tile_gemm = MK_ISA_CALL(tile_gemm);
   const float* sp = qtype == kInt8Rowwise ? scales->const_data_ptr<float>() : nullptr;
   at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
-    at::Tensor tile = at::empty({nt, K}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    void* buf = tile_scratch(static_cast<size_t>(nt * K * elt));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * nt, n1 = std::min(N, n0 + nt), rows = n1 - n0;
-      dequant(static_cast<int32_t>(qtype), qweight.const_data_ptr(), sp, K, n0, n1, bf16, tile.data_ptr());
-      out.narrow(1, n0, rows).copy_(at::mm(xg, tile.narrow(0, 0, rows).t()));
+      dequant(static_cast<int32_t>(qtype), qweight.const_data_ptr(), sp, K, n0, n1, bf16, buf);
+      if (own) {
+        tile_gemm(xt.const_data_ptr<float>(), M, K, static_cast<const float*>(buf), rows,
+                  out.data_ptr<float>() + n0, N);
+        continue;
+      }
+      const at::Tensor tile = at::from_blob(buf, {rows, K}, x.options().dtype(tile_type));
+      if (direct) {
+        at::Tensor o = out.narrow(1, n0, rows);
+        at::mm_out(o, xg, tile.t());
+      } else {
+        out.narrow(1, n0, rows).copy_(at::mm(xg, tile.t()));
+      }
     }
   });
 }

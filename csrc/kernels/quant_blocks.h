@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "fp16_bits.h"
 
 namespace mk::inline MK_ABI {
 
@@ -71,35 +72,6 @@ MK_HD constexpr QFormat qformat(int32_t qtype) {
   MK_QTYPES(MK_QFORMAT_CASE)
 #undef MK_QFORMAT_CASE
   return QFormat{0, "unknown", 0, 0};
-}
-
-// IEEE binary16 bits → float (exact; subnormals, inf and NaN included).
-MK_HD float fp16_bits_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t man = h & 0x3FFu;
-  uint32_t bits;
-  if (exp == 0x1Fu) {
-    bits = sign | 0x7F800000u | (man << 13);  // inf / NaN
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (man << 13);  // normal: rebias 15 → 127
-  } else if (man == 0) {
-    bits = sign;  // ±0
-  } else {  // subnormal: normalise
-    exp = 113u;
-    while ((man & 0x400u) == 0) {
-      man <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((man & 0x3FFu) << 13);
-  }
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
 }
 
 MK_HD float load_fp16(const uint8_t* p) {

@@ -1,6 +1,7 @@
 // emu_fp16.h — __half and __nv_bfloat16 for the SIMT emulator, bit-exact with cuda_fp16.h /
 // cuda_bf16.h: float → 16-bit conversions round to nearest even, overflow goes to ±inf, NaN becomes the
-// canonical 0x7fff (as CUDA's host code does). Arithmetic goes through float and rounds once, which is
+// canonical 0x7fff (as CUDA's host code does); binary16 → float is csrc/kernels/fp16_bits.h (exact, shared
+// with the quantized formats' scales). Arithmetic goes through float and rounds once, which is
 // exact for + − × ÷ of 16-bit operands (float has more than 2p+2 significand bits).
 // The CUDA headers are deliberately not used: a CPU-only user has no toolkit.
 #pragma once
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../kernels/fp16_bits.h"
 #include "emu_types.h"
 
 namespace simt::emu {
@@ -40,17 +42,6 @@ inline uint16_t float_to_half_bits(float f) {
   const uint32_t rem = a & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // carry may reach 0x7c00 = inf: correct
   return sign | static_cast<uint16_t>(h);
-}
-
-inline float half_bits_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0) {  // zero / subnormal: mant · 2^-24, exact in float
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  if (exp == 31) return bits_float(sign | 0x7f800000u | mant << 13);
-  return bits_float(sign | (exp + 112u) << 23 | mant << 13);
 }
 
 // float → bfloat16, round to nearest even: add 0x7fff plus the lowest kept bit, truncate.
@@ -88,7 +79,7 @@ struct __half : simt::emu::Float16Ops<__half> {
   uint16_t __x;
   __half() = default;
   __half(float f) : __x(simt::emu::float_to_half_bits(f)) {}
-  operator float() const { return simt::emu::half_bits_to_float(__x); }
+  operator float() const { return ::mk::fp16_bits_to_float(__x); }  // csrc/kernels/fp16_bits.h
   static __half from_bits(uint16_t b) {
     __half h;
     h.__x = b;

@@ -118,7 +118,7 @@ struct MmaIn {
 template <bool BF16>
 float elem(uint32_t reg, int half) {
   const auto bits = static_cast<uint16_t>(reg >> (16 * half));
-  return BF16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
+  return BF16 ? bf16_bits_to_float(bits) : ::mk::fp16_bits_to_float(bits);
 }
 
 template <bool BF16>

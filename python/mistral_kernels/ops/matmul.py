@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from ..quant_weight import FusedWeight, QuantizedWeight  # imports .quant only: no cycle through this package
 from .quant import QuantOps
 
 SKINNY_MAX_M = 16  # must match kMaxM in csrc/cpu/linear.cpp
 _SKINNY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _skinny_linear = torch.ops.mistral_kernels.skinny_linear.default
+_QUANT_OPS = QuantOps(torch.ops.mistral_kernels)  # qlinear's wrapper, bound once
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,26 +67,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
 
 def _packed_linear(x: object, weight: object, out: object) -> torch.Tensor:
     """``linear`` on a packed weight: ``qlinear`` per format run (a FusedWeight's outputs concatenated)."""
-    from ..quant_weight import FusedWeight, QuantizedWeight  # here: the package initialises ops first
-
     if isinstance(x, torch.Tensor) and (out is None or isinstance(out, torch.Tensor)):
         if isinstance(weight, QuantizedWeight):
-            return _quant_ops().qlinear(x, weight.qweight, weight.qtype, weight.scales, out=out)
+            return _QUANT_OPS.qlinear(x, weight.qweight, weight.qtype, weight.scales, out=out)
         if isinstance(weight, FusedWeight):
             y = torch.cat([_packed_linear(x, p, None) for p in weight.parts], dim=-1)
             return y if out is None else out.copy_(y)
     _raise_types(x, weight, out)
     raise AssertionError("unreachable")
-
-
-_QUANT_OPS: QuantOps | None = None
-
-
-def _quant_ops() -> QuantOps:
-    global _QUANT_OPS
-    if _QUANT_OPS is None:
-        _QUANT_OPS = QuantOps(torch.ops.mistral_kernels)
-    return _QUANT_OPS
 
 
 def _raise_types(x: object, weight: object, out: object) -> None:  # raises
