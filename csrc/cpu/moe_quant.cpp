@@ -38,8 +38,6 @@ struct Task {
   int64_t g, row0, rows, n0, n1;
 };
 
-}  // namespace
-
 void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_offsets, const at::Tensor& qweight,
                const std::optional<at::Tensor>& scales, int64_t qtype, const std::optional<at::Tensor>& up_qweight,
                const std::optional<at::Tensor>& up_scales) {
@@ -140,6 +138,7 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
   }
 }
 
+}  // namespace
 }  // namespace mk::cpu
 
 TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_MOE_QUANT_OPS(MK_IMPL_CPU) }
