@@ -16,6 +16,7 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/zeros.h>
 
@@ -132,7 +133,7 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
 
   if (gated) {  // h13 rounded to x's dtype (as stored by the unfused path), SwiGLU in fp32, rounded once
     const at::Tensor h = (half ? Y.to(at::kHalf) : Y).to(at::kFloat);
-    out.copy_(at::silu(h.narrow(1, 0, N)) * h.narrow(1, N, N));
+    out.copy_(at::mul(at::silu(h.narrow(1, 0, N)), h.narrow(1, N, N)));
   } else if (half) {
     out.copy_(Y);
   }
