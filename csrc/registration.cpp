@@ -35,6 +35,11 @@ constexpr const char* kSchemas[] = {
     // code of a GGUF block format (qweight uint8 [N, K / QK * bytes], scales None) or 1000 = INT8_ROWWISE
     // (qweight int8 [N, K], scales fp32 [N]).
     "qlinear(Tensor! out, Tensor x, Tensor qweight, Tensor? scales, int qtype) -> ()",
+    // MoE expert projections on packed expert stacks over rows grouped by expert  (MK_MOE_QUANT_OPS;
+    // csrc/kernels/moe_qgemm.cuh, csrc/cpu/moe_quant.cpp): qweight [G, N, ·] as qlinear's per expert, offsets on
+    // the device; up_qweight given: SwiGLU(x·Wᵀ, x·W3ᵀ) (w1 | w3 in one op).
+    "moe_qgemm(Tensor! out, Tensor x, Tensor expert_offsets, Tensor qweight, Tensor? scales, int qtype, "
+    "Tensor? up_qweight, Tensor? up_scales) -> ()",
 };
 
 // CPU-only helpers (no CUDA kernel by design: on GPUs the model uses cuBLAS through torch).

@@ -88,6 +88,16 @@ def _quant_cases() -> list[tuple[str, Callable[[], tuple]]]:
     return [("qlinear", lambda: (torch.empty(3, 10), x, qweight, None, 2))]
 
 
+def _moe_quant_cases() -> list[tuple[str, Callable[[], tuple]]]:
+    from .quant_data import random_qweight
+
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(5))
+    w1 = torch.stack([random_qweight("Q8_0", 6, 64, seed=s)[0] for s in (1, 2)])
+    w3 = torch.stack([random_qweight("Q8_0", 6, 64, seed=s)[0] for s in (3, 4)])
+    offsets = torch.tensor([0, 2, 5])
+    return [("moe_qgemm", lambda: (torch.empty(5, 6), x, offsets, w1, None, 8, w3, None))]
+
+
 
 def _decode_layers_cases() -> list[tuple[str, Callable[[], tuple]]]:
     g = torch.Generator().manual_seed(4)
@@ -126,6 +136,7 @@ def _decode_layers_cases() -> list[tuple[str, Callable[[], tuple]]]:
 
 CASES = (
     _norm_cases() + _moe_cases() + _attention_cases() + _expert_ffn_cases() + _linear_cases() + _quant_cases()
+    + _moe_quant_cases()
     + _decode_layers_cases()
 )
 

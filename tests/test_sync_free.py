@@ -22,6 +22,7 @@ from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.ops import _base
+from mistral_kernels.quant_weight import quantize_int8
 from mistral_kernels.sampling import SamplingParams
 
 from .model_helpers import random_model
@@ -63,11 +64,15 @@ def _spy_checks(model: object) -> list[bool]:
     return seen
 
 
-@pytest.mark.parametrize("config", [CONFIG, MOE], ids=["dense-window", "moe"])
+@pytest.mark.parametrize("config,packed", [(CONFIG, False), (MOE, False), (MOE, True)],
+                         ids=["dense-window", "moe", "moe-packed"])
 @pytest.mark.parametrize("enforce_eager", [None, False], ids=["eager", "padded-runner"])
-def test_step_reads_back_only_the_sampled_ids(config: ModelConfig, enforce_eager: bool | None,
+def test_step_reads_back_only_the_sampled_ids(config: ModelConfig, packed: bool, enforce_eager: bool | None,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     model = random_model(config, seed=1)
+    if packed:  # int8 experts: the grouped quantized expert GEMMs (moe_qgemm) read no segment bounds back
+        for layer in model.layers:
+            layer.w1, layer.w2, layer.w3 = (quantize_int8(w) for w in (layer.w1, layer.w2, layer.w3))
     checks = _spy_checks(model)
     eng = Engine(model, None, num_blocks=32, block_size=4, max_batch=4, max_tokens_per_step=16, eos_ids=(),
                  enforce_eager=enforce_eager)

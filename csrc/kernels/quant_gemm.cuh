@@ -60,16 +60,19 @@ __device__ __forceinline__ void qgemm_store4(S* dst, float a, float b, float c, 
   }
 }
 
+// One block's output tile (quant_gemm_kernel, and the grouped moe_qgemm_kernel of moe_qgemm.cuh): rows
+// m0 … m0+63 below M of x (row stride K) times weight rows n0 … n0+63 below N of w, written to out (row
+// stride ldo).
 template <typename T, int32_t QT>
-__global__ void __launch_bounds__(QGemmTile<T>::THREADS, QGemmTile<T>::MIN_BLOCKS)
-quant_gemm_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* __restrict__ w,
-                  const float* __restrict__ scales, int64_t M, int64_t N, int64_t K, int64_t R, bool x_vec) {
+__device__ __forceinline__ void quant_gemm_tile(T* __restrict__ out, int64_t ldo, const T* __restrict__ x,
+                                                const uint8_t* __restrict__ w, const float* __restrict__ scales,
+                                                int64_t M, int64_t N, int64_t K, int64_t R, bool x_vec, int64_t m0,
+                                                int64_t n0) {
   using C = QGemmTile<T>;
   using S = typename C::S;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, LD = C::LD, VE = C::VE, THREADS = C::THREADS;
   SIMT_DYN_SMEM(S, smem);  // [2 stages][X [BM][LD], W [BN][LD]]
   const int tid = threadIdx.x;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * BN, m0 = static_cast<int64_t>(blockIdx.y) * BM;
   const int64_t KT = ceil_div(K, BK);
 
   // X tile kt → stage st (x_vec: cp.async, committed by the caller).
@@ -186,7 +189,7 @@ quant_gemm_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* _
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int64_t m = m0 + 32 * wm + 16 * i + g + 8 * (e >> 1), n = n0 + 32 * wn + 8 * j + 2 * t4 + (e & 1);
-          if (m < M && n < N) out[m * N + n] = simt::from_float<T>(acc[i][j][e]);
+          if (m < M && n < N) out[m * ldo + n] = simt::from_float<T>(acc[i][j][e]);
         }
   } else {
     const int ty = tid >> 4, tx = tid & 15;
@@ -195,9 +198,17 @@ quant_gemm_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* _
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t m = m0 + ty + 8 * i, n = n0 + tx + 16 * j;
-        if (m < M && n < N) out[m * N + n] = simt::from_float<T>(acc[i][j][0]);
+        if (m < M && n < N) out[m * ldo + n] = simt::from_float<T>(acc[i][j][0]);
       }
   }
+}
+
+template <typename T, int32_t QT>
+__global__ void __launch_bounds__(QGemmTile<T>::THREADS, QGemmTile<T>::MIN_BLOCKS)
+quant_gemm_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* __restrict__ w,
+                  const float* __restrict__ scales, int64_t M, int64_t N, int64_t K, int64_t R, bool x_vec) {
+  quant_gemm_tile<T, QT>(out, N, x, w, scales, M, N, K, R, x_vec, static_cast<int64_t>(blockIdx.y) * QGemmTile<T>::BM,
+                         static_cast<int64_t>(blockIdx.x) * QGemmTile<T>::BN);
 }
 
 // out [M, N] = x [M, K] · Wᵀ for any M (QT, R, scales as launch_quant_gemv). cudaErrorMisalignedAddress for

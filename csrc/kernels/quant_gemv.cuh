@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "../simt/portable.cuh"
+#include "activation.cuh"
 #include "common.cuh"
 #include "quant_blocks.h"
 
@@ -84,19 +85,29 @@ __device__ __forceinline__ void gemv_unit(const uint8_t* row, int U, int64_t K, 
   }
 }
 
-template <typename T, int32_t QT, int MR>
-__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<MR>)
-quant_gemv_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* __restrict__ w,
-                  const float* __restrict__ scales, int M, int64_t N, int64_t K, int64_t R) {
+// One block's work (quant_gemv_kernel, and the grouped moe_qgemv_kernel of moe_qgemm.cuh): rows 0 … M-1 of
+// x (row stride K) against the block's 4 weight rows, written to out (row stride ldo).
+//   plain (GATED false): output columns n0 … n0+3, n0 = 4·nb, from weight rows n0 … n0+3 of w;
+//   GATED: output columns c0, c0+1, c0 = 2·nb, from the gate rows c0, c0+1 of w and the up rows c0, c0+1 of w3:
+//     out = swiglu(round(gate), round(up)), round = to T and back (where the unfused path stores h13).
+template <typename T, int32_t QT, int MR, bool GATED>
+__device__ __forceinline__ void quant_gemv_block(T* __restrict__ out, int64_t ldo, const T* __restrict__ x,
+                                                 const uint8_t* __restrict__ w, const uint8_t* __restrict__ w3,
+                                                 const float* __restrict__ scales, const float* __restrict__ scales3,
+                                                 int M, int64_t N, int64_t K, int64_t R, int64_t nb) {
   constexpr int NR = kGemvRowsPerBlock, KC = kGemvChunk<MR>, WARPS = kGemvThreads / 32;
+  constexpr int NC = GATED ? NR / 2 : NR;  // output columns of the block
   SIMT_DYN_SMEM(float, smem);
   float* xs = smem;                // [MR][KC]: rows ≥ M and columns ≥ K hold 0
   float* red = smem + MR * KC;     // [WARPS][NR·MR] partial sums
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * NR;
+  const int64_t n0 = nb * NC;
 
-  // Weight row r of the block; tail rows (past N) decode row N-1 again and are never stored.
-  const auto row_of = [&](int r) { return n0 + r < N ? n0 + r : N - 1; };
+  // Output column of weight row r; tail columns (past N) decode column N-1 again and are never stored.
+  const auto col_of = [&](int r) {
+    const int64_t n = n0 + (GATED ? r % NC : r);
+    return n < N ? n : N - 1;
+  };
   float acc[NR][MR];
 #pragma unroll
   for (int r = 0; r < NR; ++r)
@@ -132,8 +143,9 @@ quant_gemv_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* _
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
         float y[8];
-        const int64_t n = row_of(r);
-        gemv_unit<QT>(w + n * R, U, K, QT == kInt8Rowwise ? scales[n] : 1.f, y);
+        const int64_t n = col_of(r);
+        const bool up = GATED && r >= NC;
+        gemv_unit<QT>((up ? w3 : w) + n * R, U, K, QT == kInt8Rowwise ? (up ? scales3 : scales)[n] : 1.f, y);
 #pragma unroll
         for (int m = 0; m < MR; ++m)
 #pragma unroll
@@ -151,16 +163,29 @@ quant_gemv_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* _
       if (lane == 0) red[warp * NR * MR + r * MR + m] = s;
     }
   __syncthreads();
-  if (tid < NR * MR) {
-    const int r = tid / MR, m = tid % MR;
-    const int64_t n = n0 + r;
+  if (tid < NC * MR) {
+    const int c = tid / MR, m = tid % MR;
+    const int64_t n = n0 + c;
     if (m < M && n < N) {
       float s = 0.f;
 #pragma unroll
       for (int wi = 0; wi < WARPS; ++wi) s += red[wi * NR * MR + tid];
-      out[m * N + n] = simt::from_float<T>(s);
+      if constexpr (GATED) {
+        float su = 0.f;  // the up row of the same column: weight row c + NC
+#pragma unroll
+        for (int wi = 0; wi < WARPS; ++wi) su += red[wi * NR * MR + NC * MR + tid];
+        s = swiglu(simt::to_float(simt::from_float<T>(s)), simt::to_float(simt::from_float<T>(su)));
+      }
+      out[m * ldo + n] = simt::from_float<T>(s);
     }
   }
+}
+
+template <typename T, int32_t QT, int MR>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<MR>)
+quant_gemv_kernel(T* __restrict__ out, const T* __restrict__ x, const uint8_t* __restrict__ w,
+                  const float* __restrict__ scales, int M, int64_t N, int64_t K, int64_t R) {
+  quant_gemv_block<T, QT, MR, false>(out, N, x, w, nullptr, scales, nullptr, M, N, K, R, blockIdx.x);
 }
 
 // True when quant_gemv serves M rows (the glue's GEMV / GEMM rule).

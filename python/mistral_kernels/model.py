@@ -152,7 +152,7 @@ class DecoderLayer:
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] (normed) → [T, H]: SwiGLU, or Mixtral's sparse MoE block."""
         if self.config.is_moe:
-            if isinstance(self.w1, QuantizedWeight):  # packed experts: one qlinear per expert segment
+            if isinstance(self.w1, QuantizedWeight):  # packed experts: grouped quantized GEMMs (moe_qgemm)
                 return packed_moe(self.kernels, x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
             return self.kernels.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
         gate_up = ops.linear(x, self.w13)                                       # [T, 2I]

@@ -1,12 +1,12 @@
-"""Mixtral's sparse MoE block on packed (quantized) experts: router → permute → one qlinear per expert
-segment → weighted unpermute.
+"""Mixtral's sparse MoE block on packed (quantized) experts: router → permute → grouped quantized expert GEMMs
+(``moe_qgemm``) → weighted unpermute.
 
 The experts' weights are :class:`~mistral_kernels.quant_weight.QuantizedWeight` stacks [E, I, H] / [E, H, I]
-(GGUF ``ffn_*_exps`` blocks, or INT8_ROWWISE from ``quantize="int8"``). There is no grouped quantized kernel:
-the segments of the experts that received tokens run one by one through ``ops.qlinear`` (three per
-expert). The segment bounds come to the host once per layer and step: free on the CPU; on CUDA this is one
-device sync per MoE layer, so such a model decodes without CUDA graphs (:func:`has_packed_experts`; the
-dense ``fused_moe`` has no sync).
+(GGUF ``ffn_*_exps`` blocks, or INT8_ROWWISE from ``quantize="int8"``). ``moe_qgemm`` runs every expert in one
+call, its blocks (CUDA) or tasks (CPU) mapped to the expert segments from the offsets where they live: no
+per-expert Python loop and no host sync, so such a model decodes with CUDA graphs like a dense one. w1 | w3 is
+one call with the SwiGLU fused when both are in the same format (a GGUF's ``ffn_gate_exps`` and
+``ffn_up_exps`` normally are), else two calls and ``silu_and_mul``; w2 one more call.
 
 Same math and rounding points as :meth:`mistral_kernels.ops.moe.MoEOps.fused_moe`: router logits, the
 gate / up projections, the activation and the expert outputs in x's dtype; softmax and the weighted sum in fp32.
@@ -23,12 +23,7 @@ import torch
 from . import ops
 from .quant_weight import QuantizedWeight
 
-__all__ = ["has_packed_experts", "packed_moe"]
-
-
-def has_packed_experts(model: object) -> bool:
-    """Whether some layer of ``model`` runs :func:`packed_moe` (then decode steps cannot be CUDA graphs)."""
-    return any(isinstance(getattr(layer, "w1", None), QuantizedWeight) for layer in getattr(model, "layers", ()))
+__all__ = ["packed_moe"]
 
 
 def packed_moe(kernels: ModuleType, x: torch.Tensor, gate: torch.Tensor, w1: QuantizedWeight, w2: QuantizedWeight,
@@ -36,19 +31,17 @@ def packed_moe(kernels: ModuleType, x: torch.Tensor, gate: torch.Tensor, w1: Qua
     """x [T, H] → [T, H]: ``Σ_j w[t, j] · w2[e]·(silu(w1[e]·x[t]) * w3[e]·x[t])`` over the top-k experts e.
 
     gate : dense router weight [E, H]; w1, w3 : packed [E, I, H]; w2 : packed [E, H, I].
-    ``kernels`` is the op namespace of the router / permute / activation ops (ops or emulated).
+    ``kernels`` is the op namespace of the router / permute / expert / activation ops (ops or emulated).
     """
     num_experts = gate.shape[0]
     logits = ops.linear(x, gate)                                                  # [T, E]
     topk_weights, topk_ids = kernels.topk_softmax(logits, top_k, renormalize)      # [T, k]
     permuted, offsets, inv_perm = kernels.moe_permute(x, topk_ids, num_experts)    # [M, H], [E+1], [T, k]
-    expert_out = torch.empty_like(permuted)                                       # every row is some expert's
-    bounds = offsets.tolist()
-    for e in range(num_experts):
-        a, b = bounds[e], bounds[e + 1]
-        if a == b:
-            continue
-        rows = permuted[a:b]                                                      # [m, H]
-        gate_up = torch.cat([ops.linear(rows, w1[e]), ops.linear(rows, w3[e])], dim=-1)  # [m, 2I]
-        ops.linear(kernels.silu_and_mul(gate_up), w2[e], out=expert_out[a:b])           # [m, H]
+    if w1.qtype == w3.qtype:                                                       # gate | up, SwiGLU fused
+        act = kernels.moe_qgemm(permuted, offsets, w1.qweight, w1.qtype, w1.scales, w3.qweight, w3.scales)
+    else:
+        gate_up = torch.cat([kernels.moe_qgemm(permuted, offsets, w.qweight, w.qtype, w.scales) for w in (w1, w3)],
+                            dim=-1)                                                # [M, 2I]
+        act = kernels.silu_and_mul(gate_up)                                        # [M, I]
+    expert_out = kernels.moe_qgemm(act, offsets, w2.qweight, w2.qtype, w2.scales)  # [M, H]
     return kernels.moe_unpermute(expert_out, topk_weights, inv_perm)

@@ -33,7 +33,6 @@ from .decode_graphs import DecodeGraphRunner
 from .decode_inputs import CpuDecodeInputs
 from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
-from .packed_moe import has_packed_experts
 from .sampling import SamplingParams, sample
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .transfer import to_device
@@ -67,8 +66,7 @@ class ModelRunner:
     max_batch : most sequences in a step (the largest decode bucket)
     enforce_eager : decode steps run the plain forward. None (default): padded static-buffer decode with
         CUDA graphs on a CUDA model, plain forward elsewhere (and for tensor-parallel models, whose
-        collectives are not captured yet, and models with packed MoE experts, whose expert loop reads the
-        segment bounds on the host: :mod:`mistral_kernels.packed_moe`). False: the padded runner on every device (eager off CUDA).
+        collectives are not captured yet). False: the padded runner on every device (eager off CUDA).
         A CPU model without the padded runner takes its decode steps' index tensors from
         :class:`~mistral_kernels.decode_inputs.CpuDecodeInputs` (in-place buffers, no padding).
 
@@ -89,7 +87,7 @@ class ModelRunner:
         self._broadcast = getattr(model, "broadcast_tokens", None)
         self.logprobs: list[TokenLogprob | None] = []
         if enforce_eager is None:
-            enforce_eager = self.device.type != "cuda" or self._broadcast is not None or has_packed_experts(model)
+            enforce_eager = self.device.type != "cuda" or self._broadcast is not None
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
             model, self.cache, num_blocks, block_size, max_batch, capture=self.device.type == "cuda")
         self.cpu_decode_inputs = CpuDecodeInputs(max_batch, block_size, num_blocks, model.config.max_position) \

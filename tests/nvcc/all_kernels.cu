@@ -6,6 +6,7 @@
 #include "kernels/grouped_gemm_tc.cuh"
 #include "kernels/kv_cache.cuh"
 #include "kernels/moe_permute.cuh"
+#include "kernels/moe_qgemm.cuh"
 #include "kernels/moe_router.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/paged_decode.cuh"
@@ -59,6 +60,16 @@ cudaError_t launch_all(const Args<T>& x) {
   acc(mk::launch_quant_gemm<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));
   MK_QTYPES(MK_ALL_QUANT)
 #undef MK_ALL_QUANT
+  // moe_qgemm: the grouped GEMV (every MR, plain and gated: x.packed as w3) and GEMM for every format
+  const mk::MoeQArgs<T> mplain{x.a, x.n, x.b, x.packed, nullptr, x.w, nullptr, x.offsets, x.d, x.n, x.n, x.n};
+  mk::MoeQArgs<T> mgated = mplain;
+  mgated.w3 = x.packed;
+#define MK_ALL_MOE_QUANT(code, name, qk, nb)                \
+  acc(mk::launch_moe_qgemv<T, mk::code>(mplain, nullptr)); \
+  acc(mk::launch_moe_qgemv<T, mk::code>(mgated, nullptr)); \
+  acc(mk::launch_moe_qgemm<T, mk::code>(mplain, nullptr));
+  MK_QTYPES(MK_ALL_MOE_QUANT)
+#undef MK_ALL_MOE_QUANT
   return e;
 }
 

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/grouped_gemm_tc.cuh"
+#include "kernels/moe_qgemm.cuh"
 #include "kernels/moe_router.cuh"
 #include "kernels/paged_prefill.cuh"
 #include "kernels/paged_prefill_tc.cuh"
@@ -54,6 +55,16 @@ void per_type() {
                         : mr == 4 ? mk::gemv_smem_bytes<4>() : mk::gemv_smem_bytes<8>());
   MK_QTYPES(MK_DYN_SMEM_Q)
 #undef MK_DYN_SMEM_Q
+  // moe_qgemm: the same bodies (moe_qgemm.cuh), grouped
+#define MK_DYN_SMEM_MQ(code, nm, qk, nb)                                                                      \
+  std::printf("moe_qgemm_kernel<%s, %d>\t%zu\n", type_name<T>(), mk::code, mk::QGemmTile<T>::smem_bytes());  \
+  for (const int mr : {1, 2, 4, 8})                                                                         \
+    for (const char* gated : {"false", "true"})                                                             \
+      std::printf("moe_qgemv_kernel<%s, %d, %d, %s>\t%zu\n", type_name<T>(), mk::code, mr, gated,            \
+                  mr == 1 ? mk::gemv_smem_bytes<1>() : mr == 2 ? mk::gemv_smem_bytes<2>()                   \
+                          : mr == 4 ? mk::gemv_smem_bytes<4>() : mk::gemv_smem_bytes<8>());
+  MK_QTYPES(MK_DYN_SMEM_MQ)
+#undef MK_DYN_SMEM_MQ
   // launch_topk_softmax, general path (E > 32): kRouterWarps·E floats, E ≤ kRouterMaxExperts.
   std::printf("topk_softmax_kernel<%s, false>\t%zu\n", type_name<T>(),
               sizeof(float) * mk::kRouterWarps * mk::kRouterMaxExperts);

@@ -10,7 +10,8 @@ has one module whose class holds the wrapper of every op of the family (validate
 call ``torch.ops``): ``norm.py`` (rms_norm, fused_add_rms_norm, silu_and_mul), ``rope.py``
 (rotary_embedding, plus the plain-torch ``rope_cos_sin_cache``), ``attention.py`` (reshape_and_cache,
 paged_decode_attention, paged_prefill_attention), ``moe.py`` (topk_softmax, moe_permute, moe_unpermute,
-fused_moe, moe_expert_ffn), ``quant.py`` (qlinear: linear layers on quantized weights). This package binds
+fused_moe, moe_expert_ffn), ``quant.py`` (qlinear and moe_qgemm: linear layers and MoE experts on quantized
+weights). This package binds
 those classes to ``torch.ops.mistral_kernels``;
 :mod:`mistral_kernels.emulated` binds the same classes to ``torch.ops.mistral_kernels_emu``. A call such as
 ``ops.paged_decode_attention(...)`` runs one Python function, ``AttentionOps.paged_decode_attention`` in

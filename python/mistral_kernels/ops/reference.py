@@ -34,6 +34,7 @@ __all__ = [
     "linear",
     # quantized weights (plus the helper dequantize, not an op)
     "qlinear",
+    "moe_qgemm",
 
 
     # the CPU-only fused decode step
@@ -328,6 +329,31 @@ def qlinear(
     """x [..., K], W [N, K] quantized (see ``dequantize``) → [..., N] in x's dtype (fp32 math)."""
     w = dequantize(qweight, qtype, scales).to(x.device)
     y = (x.float() @ w.T).to(x.dtype)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y
+
+
+def moe_qgemm(
+    x: torch.Tensor, expert_offsets: torch.Tensor, qweight: torch.Tensor, qtype: int,
+    scales: torch.Tensor | None = None, up_qweight: torch.Tensor | None = None,
+    up_scales: torch.Tensor | None = None, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] grouped by expert → [M, N]: per segment g (rows [offsets[g], offsets[g+1])) ``qlinear`` with
+    W[g] [N, K] (plain), or ``silu_and_mul`` of the gate (W) and up (W3 = up_qweight) projections, each rounded
+    to x's dtype; rows outside every segment are 0."""
+    y = torch.zeros((x.shape[0], qweight.shape[1]), dtype=x.dtype, device=x.device)
+    for e in range(qweight.shape[0]):
+        r0, r1 = int(expert_offsets[e]), int(expert_offsets[e + 1])
+        if r1 == r0:
+            continue
+        a = x[r0:r1]
+        h = qlinear(a, qweight[e], qtype, None if scales is None else scales[e])
+        if up_qweight is not None:
+            up = qlinear(a, up_qweight[e], qtype, None if up_scales is None else up_scales[e])
+            h = silu_and_mul(torch.cat([h, up], dim=-1))
+        y[r0:r1] = h
     if out is not None:
         out.copy_(y)
         return out

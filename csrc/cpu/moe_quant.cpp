@@ -1,0 +1,145 @@
+// cpu/moe_quant.cpp — native CPU moe_qgemm (MK_MOE_QUANT_OPS, csrc/checks/moe_quant.h): the expert projections
+// of a MoE layer on packed expert stacks, every expert in ONE parallel region.
+// Shapes: M rows grouped by expert, G experts, N out features, K in features, C = K / 32 chunks of x.
+//   plain: out[r] = x[r] · W[g]ᵀ for the rows r of segment g;  gated (up_qweight): out[r] = swiglu(x[r]·W[g]ᵀ,
+//   x[r]·W3[g]ᵀ), gate and up rounded to x's dtype first (h13 [M, 2N] is written, then the SwiGLU);
+//   rows outside every segment are 0.
+// Work list: per non-empty segment and projection (gated: two), tasks of output columns —
+//   ≤ kGemvMaxM rows (decode): kDecodeCols columns per task, the per-ISA decode GEMV of qlinear
+//     (isa/quant.h, quant_gemv: the packed rows streamed once, x prepared once for all segments);
+//   more rows (prefill): tiles of about kTileBytes of dequantized weights (quant_dequant_rows) times the
+//     segment's rows by ATen's GEMM (one thread inside the parallel region), like qlinear's prefill path.
+// One at::parallel_for over the whole list: the touched experts' bytes are read once per step and every
+// thread works whatever the segment sizes (no per-expert parallel region, no Python loop).
+// Bound: decode — the packed bytes of the touched experts at memory bandwidth; prefill — the GEMM FLOPs.
+#include <torch/library.h>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/zeros.h>
+
+#include <vector>
+
+#include "../checks/moe_quant.h"
+#include "common.h"
+#include "isa/quant.h"
+#include "isa_dispatch.h"
+
+namespace mk::cpu {
+namespace {
+
+constexpr int64_t kGemvMaxM = 16;                 // segments up to this many rows run the decode GEMV
+constexpr int64_t kDecodeCols = 32;               // output columns per decode task
+constexpr int64_t kTileBytes = int64_t{1} << 20;  // a dequantized W tile of the prefill path (L2-sized)
+
+struct Task {
+  int proj;            // 0: qweight (columns [0, N) of the target), 1: up_qweight (columns [N, 2N))
+  int64_t g, row0, rows, n0, n1;
+};
+
+void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_offsets, const at::Tensor& qweight,
+               const std::optional<at::Tensor>& scales, int64_t qtype, const std::optional<at::Tensor>& up_qweight,
+               const std::optional<at::Tensor>& up_scales) {
+  constexpr const char* op = "moe_qgemm";
+  require_cpu(op, "x", x);
+  const QFormat f =
+      check::moe_qgemm_args(op, out, x, expert_offsets, qweight, scales, qtype, up_qweight, up_scales, kFloatTypes);
+  const int64_t M = x.size(0), K = x.size(1), G = qweight.size(0), N = qweight.size(1), C = K / 32;
+  const bool gated = up_qweight.has_value() && up_qweight->defined(), int8 = qtype == kInt8Rowwise;
+  if (M == 0 || N == 0) return;
+  out.zero_();
+  if (K == 0 || G == 0) return;
+
+  // The target Y: out itself (plain, fp32 / bf16), else [M, ldy] in fp32 (fp16 x: the kernels write fp32 or
+  // bf16) or x's dtype (gated: h13, rounded where the unfused path stores it).
+  const bool half = x.scalar_type() == at::kHalf;
+  const at::ScalarType ydt = half ? at::kFloat : x.scalar_type();
+  const int64_t ldy = gated ? 2 * N : N;
+  at::Tensor Y = !gated && !half ? out : at::zeros({M, ldy}, x.options().dtype(ydt));
+
+  // The work list (offsets checked by moe_qgemm_args: non-decreasing within [0, M]).
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const int64_t elt = bf16 ? 2 : 4;
+  const int64_t tile_rows = std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16);
+  const int64_t* o = expert_offsets.const_data_ptr<int64_t>();
+  std::vector<Task> tasks;
+  bool any_gemv = false;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t rows = o[g + 1] - o[g];
+    if (rows == 0) continue;
+    const bool gemv = rows <= kGemvMaxM;
+    any_gemv = any_gemv || gemv;
+    const int64_t step = gemv ? kDecodeCols : tile_rows;
+    for (int proj = 0; proj < (gated ? 2 : 1); ++proj)
+      for (int64_t n0 = 0; n0 < N; n0 += step) tasks.push_back({proj, g, o[g], rows, n0, std::min(N, n0 + step)});
+  }
+
+  // The decode GEMV's view of x, prepared once for all segments (as qlinear's decode path).
+  const QPath path = bf16 && !int8 ? static_cast<QPath>(MK_ISA_CALL(quant_bf16_path)(static_cast<int32_t>(qtype)))
+                                   : QPath::fp32;
+  at::Tensor xf, xq_buf;
+  const float *xfp = nullptr, *s0 = nullptr, *s1 = nullptr;
+  const int8_t* xq = nullptr;
+  const auto* xb = bf16 ? reinterpret_cast<const uint16_t*>(x.const_data_ptr()) : nullptr;
+  if (any_gemv) {
+    if (path == QPath::fp32) {
+      xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+      xfp = xf.const_data_ptr<float>();
+    } else {  // per chunk of 32 activations: (int8) dx and dx · Σ q, then the int8 x; (bf16) Σ x
+      xq_buf = at::empty({2 * M * C * static_cast<int64_t>(sizeof(float)) + M * K}, x.options().dtype(at::kByte));
+      float* a0 = reinterpret_cast<float*>(xq_buf.data_ptr());
+      float* a1 = a0 + M * C;
+      int8_t* q = reinterpret_cast<int8_t*>(a1 + M * C);
+      MK_ISA_CALL(quant_prepare_x)(static_cast<int>(path), xb, M, K, q, a0, a1);
+      s0 = a0, s1 = a1, xq = q;
+    }
+  }
+  const at::Tensor xg = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);  // the GEMM's x
+
+  const int64_t R = int8 ? K : K / f.block * f.bytes;  // packed bytes per weight row
+  const uint8_t* wbase[2] = {static_cast<const uint8_t*>(qweight.const_data_ptr()),
+                             gated ? static_cast<const uint8_t*>(up_qweight->const_data_ptr()) : nullptr};
+  const float* sbase[2] = {int8 ? scales->const_data_ptr<float>() : nullptr,
+                           int8 && gated ? up_scales->const_data_ptr<float>() : nullptr};
+  const auto gemv = MK_ISA_CALL(quant_gemv);
+  const auto dequant = MK_ISA_CALL(quant_dequant_rows);
+  const bool y_bf16 = Y.scalar_type() == at::kBFloat16;
+  char* ybase = static_cast<char*>(Y.data_ptr());
+  const int64_t yelt = Y.element_size();
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    at::Tensor tile;  // this thread's dequantized W tile (prefill tasks)
+    for (int64_t t = t0; t < t1; ++t) {
+      const Task& k = tasks[t];
+      const uint8_t* w = wbase[k.proj] + k.g * N * R;
+      const float* s = sbase[k.proj] ? sbase[k.proj] + k.g * N : nullptr;
+      const int64_t col0 = k.proj * N;  // the projection's first column in Y
+      if (k.rows <= kGemvMaxM) {
+        QGemv a{path, static_cast<int32_t>(qtype), w, s, K, k.rows,
+                xfp ? xfp + k.row0 * K : nullptr, xb ? xb + k.row0 * K : nullptr, xq ? xq + k.row0 * K : nullptr,
+                s0 ? s0 + k.row0 * C : nullptr, s1 ? s1 + k.row0 * C : nullptr, y_bf16,
+                ybase + (k.row0 * ldy + col0) * yelt, ldy};
+        gemv(a, k.n0, k.n1);
+      } else {
+        if (!tile.defined()) tile = at::empty({tile_rows, K}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+        const int64_t n = k.n1 - k.n0;
+        dequant(static_cast<int32_t>(qtype), w, s, K, k.n0, k.n1, bf16, tile.data_ptr());
+        Y.narrow(0, k.row0, k.rows).narrow(1, col0 + k.n0, n).copy_(
+            at::mm(xg.narrow(0, k.row0, k.rows), tile.narrow(0, 0, n).t()));
+      }
+    }
+  });
+
+  if (gated) {  // h13 rounded to x's dtype (as stored by the unfused path), SwiGLU in fp32, rounded once
+    const at::Tensor h = (half ? Y.to(at::kHalf) : Y).to(at::kFloat);
+    out.copy_(at::mul(at::silu(h.narrow(1, 0, N)), h.narrow(1, N, N)));
+  } else if (half) {
+    out.copy_(Y);
+  }
+}
+
+}  // namespace
+}  // namespace mk::cpu
+
+TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m) { MK_MOE_QUANT_OPS(MK_IMPL_CPU) }

@@ -1,0 +1,8 @@
+// cuda/moe_quant.cu — registers the CUDA kernels of moe_qgemm (MK_MOE_QUANT_OPS, csrc/checks/moe_quant.h; glue:
+// csrc/glue/moe_quant.h).
+#include "backend.h"
+#include "../glue/moe_quant.h"
+
+#include <torch/library.h>
+
+TORCH_LIBRARY_IMPL(mistral_kernels, CUDA, m) { MK_MOE_QUANT_OPS(MK_IMPL_GLUE) }

@@ -1,0 +1,75 @@
+// glue/moe_quant.h — moe_qgemm for the CUDA and emulated backends (MK_MOE_QUANT_OPS, csrc/checks/moe_quant.h).
+// Shapes: M rows grouped by expert, G experts, N out features, K in features.
+// Expected rows per expert ceil(M / G) ≤ 8 (decode): the grouped GEMV of kernels/moe_qgemm.cuh, gated in ONE
+// launch (SwiGLU in its epilogue); more: the grouped tile GEMM, gated as gate | up into h13 [M, 2N] (two
+// launches) + silu_and_mul. The offsets stay on the device: no host sync.
+#pragma once
+
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "../checks/moe_quant.h"
+#include "../kernels/activation.cuh"
+#include "../kernels/moe_qgemm.cuh"
+#include "common.h"
+
+namespace mk::inline MK_ABI::glue {
+
+// out [M, N] per segment g of expert_offsets: x · W[g]ᵀ (plain), swiglu(x·W[g]ᵀ, x·W3[g]ᵀ) (up_qweight given);
+// rows outside every segment are 0.
+inline void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_offsets,
+                      const at::Tensor& qweight, const std::optional<at::Tensor>& scales, int64_t qtype,
+                      const std::optional<at::Tensor>& up_qweight, const std::optional<at::Tensor>& up_scales) {
+  constexpr const char* op = "moe_qgemm";
+  backend::require_device(op, "x", x);
+  check::moe_qgemm_args(op, out, x, expert_offsets, qweight, scales, qtype, up_qweight, up_scales,
+                        backend::kFloatTypes);
+  backend::Context ctx(x);
+  const int64_t M = x.size(0), K = x.size(1), G = qweight.size(0), N = qweight.size(1);
+  const bool gated = up_qweight.has_value() && up_qweight->defined();
+  if (M == 0 || N == 0) return;
+  out.zero_();  // rows outside every segment (the kernels write only segment rows)
+  if (K == 0 || G == 0) return;
+  // The unit loads need the packed rows 4-byte aligned (quant_blocks.h, kUnitAlign): a misaligned view is
+  // copied, at every call (loaders keep packed weights aligned; GGUF aligns tensor data to 32 bytes).
+  const auto aligned = [](const at::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0 ? t : t.clone();
+  };
+  const at::Tensor w = aligned(qweight), w3 = gated ? aligned(*up_qweight) : at::Tensor();
+  const bool int8 = qtype == kInt8Rowwise;
+  const float* sp = int8 ? scales->const_data_ptr<float>() : nullptr;
+  const float* sp3 = int8 && gated ? up_scales->const_data_ptr<float>() : nullptr;
+  const auto* wp = static_cast<const uint8_t*>(w.const_data_ptr());
+  const auto* wp3 = gated ? static_cast<const uint8_t*>(w3.const_data_ptr()) : nullptr;
+  const int64_t* offs = expert_offsets.const_data_ptr<int64_t>();
+  const int g = static_cast<int>(G);
+  const int32_t qt = static_cast<int32_t>(qtype);
+  const cudaStream_t stream = ctx.stream();
+  MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    using T = kernel_t<scalar_t>;
+    auto run = [&]<int32_t QT>() {
+      const MoeQArgs<T> p{kptr<scalar_t>(out), N, kptr<scalar_t>(x), wp, wp3, sp, sp3, offs, g, M, N, K};
+      if (moe_qgemv_rows(M, G)) {
+        check_launch(launch_moe_qgemv<T, QT>(p, stream), op);
+      } else if (!gated) {
+        check_launch(launch_moe_qgemm<T, QT>(p, stream), op);
+      } else {
+        at::Tensor h13 = at::zeros({M, 2 * N}, x.options());  // rows outside every segment stay 0
+        T* h = kptr<scalar_t>(h13);
+        const MoeQArgs<T> gate{h, 2 * N, p.x, wp, nullptr, sp, nullptr, offs, g, M, N, K};
+        const MoeQArgs<T> up{h + N, 2 * N, p.x, wp3, nullptr, sp3, nullptr, offs, g, M, N, K};
+        check_launch(launch_moe_qgemm<T, QT>(gate, stream), op);
+        check_launch(launch_moe_qgemm<T, QT>(up, stream), op);
+        constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y
+        for (int64_t r0 = 0; r0 < M; r0 += kMaxRows)
+          check_launch(launch_silu_and_mul(p.out + r0 * N, h + r0 * 2 * N, std::min(kMaxRows, M - r0), N, stream), op);
+      }
+    };
+    if (qt == kInt8Rowwise) run.template operator()<kInt8Rowwise>();
+    else TORCH_CHECK(with_block_qtype(qt, run), op, ": qtype ", qtype, " has no kernel");
+  });
+}
+
+}  // namespace mk::inline MK_ABI::glue
