@@ -9,10 +9,10 @@ libraries, no torch: one from this tree's csrc/ and one from ``--baseline`` (a g
 ``git archive``; ``--baseline ''`` skips it), loaded side by side with ctypes and called alternately, so both
 builds see the same machine load. A pass walks a pool of identical weight matrices (at least ``--pool-mb``,
 3× the L3 by default) so every weight byte comes from memory, as in a decode step; with T threads each thread
-computes its column slice of a matrix (csrc/cpu/decode_step.h's split) and the threads meet at a barrier
-before the next one. GB/s = weight bytes (packed bytes for the block formats) / best pass; the bound is the
-read bandwidth of the same threads (a plain sum over 256 MB), the copy bandwidth (reads + writes) is shown
-too. x is prepared once outside the timing (bf16 x: int8 quantization or chunk sums, as the glue does).
+computes its column slice of a matrix (csrc/cpu/decode_step.h's split) between two barriers. GB/s = weight
+bytes of one matrix (packed bytes for the block formats) / the fastest call (on a shared machine the least
+disturbed one); the bound is the read bandwidth of the same threads measured alike (a plain sum, fastest
+2 MB item of a 256 MB buffer), the copy bandwidth (reads + writes) is shown too. x is prepared once outside the timing (bf16 x: int8 quantization or chunk sums, as the glue does).
 Shapes: SmolLM2-135M (H 576, I 1536, qkv N 960, head N 49152) and a Mistral-shaped ~1B (H 2048, I 5632,
 Hq 16 / Hkv 4, D 128); K-quants need K % 256 == 0 (SmolLM2's K = 576 matrices are skipped for them).
 Results: benchmarks/results/cpu_kernels.md.
@@ -61,30 +61,36 @@ PATHS = {0: "int8", 1: "bf16", 2: "fp32"}
 
 
 def build(csrc: Path, out: Path, extra: str = "") -> Path:
-    """The driver + csrc/cpu/isa/{gemv,quant}.cpp for every level as one shared library (cached by content;
-    `extra`: more compiler flags, e.g. -D overrides of tuning constants)."""
+    """The driver + csrc/cpu/isa/{gemv,quant}.cpp for every level as one shared library (objects cached by
+    content; `extra`: more compiler flags for gemv.cpp, e.g. -D overrides of its tuning constants)."""
     files = sorted((csrc / "cpu" / "isa").glob("*")) + sorted((csrc / "kernels").glob("quant_blocks.h"))
-    files += [csrc / "kernels" / "common.cuh", csrc / "abi.h", DRIVER]
-    blob = b"".join(f.read_bytes() for f in files if f.is_file()) + extra.encode()
-    digest = hashlib.sha256(blob).hexdigest()[:16]
-    lib = out / f"kernel_bench_{digest}.so"
+    files += [csrc / "kernels" / "common.cuh", csrc / "abi.h"]
+    blob = b"".join(f.read_bytes() for f in files if f.is_file())
+    kdigest = hashlib.sha256(blob).hexdigest()[:16]
+    edigest = hashlib.sha256(extra.encode()).hexdigest()[:8]
+    ddigest = hashlib.sha256(DRIVER.read_bytes() + b"".join(f.read_bytes() for f in files[:-2])).hexdigest()[:16]
+    lib = out / f"kernel_bench_{kdigest}_{edigest}_{ddigest}.so"
     if lib.exists():
         return lib
-    obj_dir = out / f"obj_{digest}"
+    obj_dir = out / f"obj_{kdigest}"
     obj_dir.mkdir(parents=True, exist_ok=True)
+    # `extra` applies to gemv.cpp only (its tuning constants): the quant objects are shared by the variants
+    objs = [obj_dir / f"{lv}_{src}{'.' + edigest if src == 'gemv.cpp' and extra else ''}.o"
+            for lv in LEVELS for src in ISA_SOURCES]
     jobs = []
-    for level in LEVELS:
-        for src in ISA_SOURCES:
-            obj = obj_dir / f"{level}_{src}.o"
-            jobs.append([*CXX, *extra.split(), *LEVEL_FLAGS[level].split(), f"-DMK_ISA_NS=isa_{level}", f"-DMK_ABI=abi_cpu_{level}",
-                         f"-I{csrc}", "-c", str(csrc / "cpu" / "isa" / src), "-o", str(obj)])
-    drv = obj_dir / "driver.o"
-    jobs.append([*CXX, "-DMK_ABI=abi_bench", f"-I{csrc}", "-c", str(DRIVER), "-o", str(drv)])
+    for obj, (level, src) in zip(objs, [(lv, src) for lv in LEVELS for src in ISA_SOURCES]):
+        if not obj.exists():
+            flags = extra.split() if src == "gemv.cpp" else []
+            jobs.append([*CXX, *flags, *LEVEL_FLAGS[level].split(), f"-DMK_ISA_NS=isa_{level}",
+                         f"-DMK_ABI=abi_cpu_{level}", f"-I{csrc}", "-c", str(csrc / "cpu" / "isa" / src), "-o", str(obj)])
+    drv = out / f"driver_{ddigest}.o"
+    if not drv.exists():
+        jobs.append([*CXX, "-DMK_ABI=abi_bench", f"-I{csrc}", "-c", str(DRIVER), "-o", str(drv)])
     with ThreadPoolExecutor(2) as ex:
         for r in ex.map(lambda c: subprocess.run(["nice", *c], capture_output=True, text=True), jobs):
             if r.returncode:
                 sys.exit(f"build failed: {' '.join(r.args)}\n{r.stderr}")
-    subprocess.run([*CXX, "-shared", "-pthread", "-o", str(lib), *map(str, sorted(obj_dir.glob("*.o")))], check=True)
+    subprocess.run([*CXX, "-shared", "-pthread", "-o", str(lib), str(drv), *map(str, objs)], check=True)
     return lib
 
 
@@ -99,8 +105,8 @@ def baseline_csrc(ref: str, dest: Path) -> Path:
 def load(lib: Path) -> ctypes.CDLL:
     dll = ctypes.CDLL(str(lib), mode=os.RTLD_LOCAL)
     i, i64, d = ctypes.c_int, ctypes.c_int64, ctypes.c_double
-    dll.mkb_read_gbs.argtypes, dll.mkb_read_gbs.restype = [i, i64, i], d
-    dll.mkb_copy_gbs.argtypes, dll.mkb_copy_gbs.restype = [i, i64, i], d
+    dll.mkb_read_gbs.argtypes, dll.mkb_read_gbs.restype = [i, i64, i64, i], d
+    dll.mkb_copy_gbs.argtypes, dll.mkb_copy_gbs.restype = [i, i64, i64, i], d
     dll.mkb_gemv.argtypes, dll.mkb_gemv.restype = [i, i, i, i64, i64, i, i, i], d
     dll.mkb_qbytes.argtypes, dll.mkb_qbytes.restype = [i, i64, i64], i64
     dll.mkb_quant.argtypes = [i, i, i, i, i64, i64, i, i, i, ctypes.POINTER(ctypes.c_int)]
@@ -124,8 +130,8 @@ def main() -> None:
     ap.add_argument("--formats", default="Q4_1,Q4_K,Q6_K,Q8_0")
     ap.add_argument("--ms", default="1,8")
     ap.add_argument("--only-shape", default="", help="substring of 'model weight'")
-    ap.add_argument("--pool-mb", type=int, default=96)
-    ap.add_argument("--reps", type=int, default=5, help="passes per measurement (best taken), x2 interleaved")
+    ap.add_argument("--pool-mb", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=4, help="passes over the pool per measurement, x2 interleaved")
     ap.add_argument("--variants", default="", help="more builds of this tree: 'name=-DFLAG=1 ...;name2=...'")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -156,9 +162,10 @@ def main() -> None:
 
     for threads in (int(t) for t in args.threads.split(",")):
         dll = builds["new"]
-        read = max(dll.mkb_read_gbs(threads, 256 << 20, 5) for _ in range(2))
-        copy = max(dll.mkb_copy_gbs(threads, 256 << 20, 5) for _ in range(2))
-        head = f"## {threads} thread{'s' if threads > 1 else ''}: read {read:.1f} GB/s, copy {copy:.1f} GB/s (reads + writes)"
+        read = max(dll.mkb_read_gbs(threads, 256 << 20, 2 << 20, args.reps) for _ in range(2))
+        copy = max(dll.mkb_copy_gbs(threads, 256 << 20, 2 << 20, args.reps) for _ in range(2))
+        head = (f"## {threads} thread{'s' if threads > 1 else ''}: read {read:.1f} GB/s, copy {copy:.1f} GB/s (reads + "
+                "writes; fastest 2 MB item)")
         print(head, flush=True)
         lines.append(head + "\n")
         cols = [f"{m} {w} {n}×{k}" for (m, w), (n, k) in shapes.items()]
@@ -193,7 +200,7 @@ def main() -> None:
                                                                               nmat, args.reps, ctypes.byref(path))
                     t = best_of(fn)
                     label = f" {PATHS.get(path.value, '?')}" if spec[0] == "quant" and spec[2] else ""
-                    gbs = {b: nbytes * nmat / s / 1e9 for b, s in t.items()}
+                    gbs = {b: nbytes / s / 1e9 for b, s in t.items()}
                     new = gbs["new"]
                     others = " / ".join(f"{v:.1f}" for b, v in gbs.items() if b != "new")
                     cells.append((f"{others} → " if others else "") + f"{new:.1f} ({100 * new / read:.0f} %){label}")

@@ -2,8 +2,9 @@
 // gemv_rows, quant_gemv), built with them into a standalone shared library by benchmarks/bench_cpu_kernels.py
 // (no torch: nothing between the timer and the kernel). Each pass walks a pool of weight matrices larger than
 // the L3 cache, so every byte comes from memory as in a decode step; with T threads each thread computes its
-// column slice of one matrix (the split of csrc/cpu/decode_step.h), then all meet at a spin barrier before
-// the next matrix. Also the read and copy bandwidth of the same threads, the bounds of the tables.
+// column slice of one matrix (the split of csrc/cpu/decode_step.h) between two spin barriers, and the
+// fastest such call is reported (on a loaded machine the least disturbed one). Also the read and copy
+// bandwidth of the same threads in items of the same kind, the bounds of the tables.
 // Shapes: M rows of x, N out features, K in features; nmat matrices in the pool.
 #include <algorithm>
 #include <atomic>
@@ -53,28 +54,30 @@ struct Barrier {
   }
 };
 
-// Runs body(t, rep) on `threads` threads for `reps` passes; returns the best pass in seconds.
+// Runs item(t, i) for i in [0, nitems) on `threads` threads, `reps` passes, the threads meeting at a barrier
+// around every item; returns the fastest item in seconds. On a shared machine the fastest of many short
+// items is the least disturbed one (a pass of many items rarely runs uninterrupted).
 template <typename F>
-double timed_passes(int threads, int reps, F&& body) {
+double timed_items(int threads, int reps, int nitems, F&& item) {
   Barrier bar(threads);
-  std::vector<double> best(threads, 1e30);
-  std::vector<double> start(reps);
+  double best = 1e30;
   auto worker = [&](int t) {
     int local = 0;
-    for (int r = 0; r < reps + 1; ++r) {  // pass 0: warm-up (page faults, frequency)
-      bar.wait(local);
-      const auto t0 = std::chrono::steady_clock::now();
-      body(t, r);
-      bar.wait(local);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0 && t == 0) best[0] = std::min(best[0], s);
-    }
+    for (int r = 0; r < reps + 1; ++r)  // pass 0: warm-up (page faults, frequency)
+      for (int i = 0; i < nitems; ++i) {
+        bar.wait(local);
+        const auto t0 = std::chrono::steady_clock::now();
+        item(t, i);
+        bar.wait(local);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0 && t == 0) best = std::min(best, s);
+      }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(worker, t);
   worker(0);
   for (auto& th : pool) th.join();
-  return best[0];
+  return best;
 }
 
 // decode_step.h's split: [n0, n1) of thread t, multiples of `align` columns.
@@ -84,6 +87,16 @@ void split(int64_t n, int t, int team, int64_t align, int64_t& n0, int64_t& n1) 
   const int64_t u0 = t * per + std::min<int64_t>(t, extra), u1 = u0 + per + (t < extra ? 1 : 0);
   n0 = std::min(n, u0 * align);
   n1 = std::min(n, u1 * align);
+}
+
+// Columns per timed call: the whole matrix up to 4 MB, else the largest divisor of N that is a multiple of 64
+// with at most 4 MB (a long call on a shared machine is rarely undisturbed; the kernel's contract is any
+// column range, so a large matrix is timed as consecutive column blocks, the time scaled back up).
+int64_t column_block(int64_t N, int64_t row_bytes) {
+  if (N * row_bytes <= (4 << 20)) return N;
+  for (int64_t nc = (4 << 20) / row_bytes / 64 * 64; nc >= 64; nc -= 64)
+    if (N % nc == 0) return nc;
+  return N;
 }
 
 uint16_t bf16_of(float f) {
@@ -112,32 +125,34 @@ QGeo qgeo(int qtype) {
 
 extern "C" {
 
-// GB/s of reading `bytes` (sum of 64-bit words) or copying them (reads + writes), `threads` threads, best pass.
-__attribute__((visibility("default"))) double mkb_read_gbs(int threads, int64_t bytes, int reps) {
-  const int64_t words = bytes / 8;
+// GB/s of reading (sum of 64-bit words) or copying (reads + writes) items of `chunk` bytes of a `bytes`
+// buffer, `threads` threads splitting each item; the fastest item.
+__attribute__((visibility("default"))) double mkb_read_gbs(int threads, int64_t bytes, int64_t chunk, int reps) {
+  const int64_t words = bytes / 8, cw = chunk / 8;
   std::vector<uint64_t> buf(words, 1);
   std::vector<uint64_t> sink(threads * 8);
-  const double s = timed_passes(threads, reps, [&](int t, int) {
+  const double s = timed_items(threads, reps, static_cast<int>(words / cw), [&](int t, int i) {
     int64_t w0, w1;
-    split(words, t, threads, 64, w0, w1);
+    split(cw, t, threads, 64, w0, w1);
+    const uint64_t* p = buf.data() + i * cw;
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-    for (int64_t i = w0; i + 4 <= w1; i += 4) a0 += buf[i], a1 += buf[i + 1], a2 += buf[i + 2], a3 += buf[i + 3];
+    for (int64_t j = w0; j + 4 <= w1; j += 4) a0 += p[j], a1 += p[j + 1], a2 += p[j + 2], a3 += p[j + 3];
     sink[t * 8] = a0 + a1 + a2 + a3;
   });
-  return static_cast<double>(words * 8) / s / 1e9;
+  return static_cast<double>(cw * 8) / s / 1e9;
 }
 
-__attribute__((visibility("default"))) double mkb_copy_gbs(int threads, int64_t bytes, int reps) {
+__attribute__((visibility("default"))) double mkb_copy_gbs(int threads, int64_t bytes, int64_t chunk, int reps) {
   std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
-  const double s = timed_passes(threads, reps, [&](int t, int) {
+  const double s = timed_items(threads, reps, static_cast<int>(bytes / chunk), [&](int t, int i) {
     int64_t b0, b1;
-    split(bytes, t, threads, 4096, b0, b1);
-    std::memcpy(b.data() + b0, a.data() + b0, b1 - b0);
+    split(chunk, t, threads, 4096, b0, b1);
+    std::memcpy(b.data() + i * chunk + b0, a.data() + i * chunk + b0, b1 - b0);
   });
-  return 2.0 * static_cast<double>(bytes) / s / 1e9;
+  return 2.0 * static_cast<double>(chunk) / s / 1e9;
 }
 
-// Seconds of the best pass of gemv_rows over nmat [N, K] matrices (elem 0 fp32, 1 bf16, 2 fp16), M rows of x.
+// Seconds per matrix of gemv_rows (the fastest call, × column blocks) on one of nmat [N, K] matrices (elem 0 fp32, 1 bf16, 2 fp16), M rows of x.
 __attribute__((visibility("default"))) double mkb_gemv(int level, int elem, int M, int64_t N, int64_t K, int threads,
                                                        int nmat, int reps) {
   const int es = elem == 0 ? 4 : 2;
@@ -161,12 +176,14 @@ __attribute__((visibility("default"))) double mkb_gemv(int level, int elem, int 
   std::vector<uint8_t> x(M * K * es), y(static_cast<size_t>(threads) * M * N * es);
   fill(x.data(), M * K);
   const auto fn = kGemv[level];
-  return timed_passes(threads, reps, [&](int t, int) {
+  const int64_t NC = column_block(N, K * es);
+  return timed_items(threads, reps, nmat * static_cast<int>(N / NC), [&](int t, int i) {
     int64_t n0, n1;
-    split(N, t, threads, 8, n0, n1);
+    split(NC, t, threads, 8, n0, n1);
+    const int64_t c0 = (i % (N / NC)) * NC;
     uint8_t* yt = y.data() + static_cast<size_t>(t) * M * N * es;
-    for (int i = 0; i < nmat; ++i) fn(static_cast<Elem>(elem), yt, N, x.data(), K, pool.data() + i * mbytes, K, M, n0, n1);
-  });
+    fn(static_cast<Elem>(elem), yt, N, x.data(), K, pool.data() + (i / (N / NC)) * mbytes, K, M, c0 + n0, c0 + n1);
+  }) * static_cast<double>(N / NC);
 }
 
 // Packed bytes of one [N, K] matrix of format qtype (GGML code; 1000 INT8_ROWWISE, without its scales).
@@ -175,7 +192,7 @@ __attribute__((visibility("default"))) int64_t mkb_qbytes(int qtype, int64_t N, 
   return N * (K / g.qk) * g.bytes;
 }
 
-// Seconds of the best pass of quant_gemv over nmat packed [N, K] matrices; x fp32 (xbf16 = 0: the fp32 path)
+// Seconds per matrix of quant_gemv (as mkb_gemv) on one of nmat packed [N, K] matrices; x fp32 (xbf16 = 0: the fp32 path)
 // or bf16 (the level's path for bf16 x: int8 / bf16 / fp32). x is prepared once, outside the timing.
 __attribute__((visibility("default"))) double mkb_quant(int level, int qtype, int xbf16, int M, int64_t N, int64_t K,
                                                         int threads, int nmat, int reps, int* path_out) {
@@ -204,16 +221,15 @@ __attribute__((visibility("default"))) double mkb_quant(int level, int qtype, in
   if (path != QPath::fp32) kQPrep[level](static_cast<int>(path), xb.data(), M, K, xq.data(), s0.data(), s1.data());
   std::vector<uint16_t> y(static_cast<size_t>(threads) * M * N * 2);
   const auto fn = kQGemv[level];
-  return timed_passes(threads, reps, [&](int t, int) {
+  const int64_t NC = column_block(N, mbytes / N);
+  return timed_items(threads, reps, nmat * static_cast<int>(N / NC), [&](int t, int i) {
     int64_t n0, n1;
-    split(N, t, threads, 8, n0, n1);
-    QGemv a{path, qtype, nullptr, scales.data(), K, M, xf.data(), xb.data(), xq.data(), s0.data(), s1.data(),
-            xbf16 != 0, y.data() + static_cast<size_t>(t) * M * N * 2, N};
-    for (int i = 0; i < nmat; ++i) {
-      a.w = pool.data() + i * mbytes;
-      fn(a, n0, n1);
-    }
-  });
+    split(NC, t, threads, 8, n0, n1);
+    const int64_t c0 = (i % (N / NC)) * NC;
+    QGemv a{path, qtype, pool.data() + (i / (N / NC)) * mbytes, scales.data(), K, M, xf.data(), xb.data(), xq.data(),
+            s0.data(), s1.data(), xbf16 != 0, y.data() + static_cast<size_t>(t) * M * N * 2, N};
+    fn(a, c0 + n0, c0 + n1);
+  }) * static_cast<double>(N / NC);
 }
 
 }  // extern "C"

@@ -23,15 +23,21 @@
 MK_ISA_BEGIN
 namespace {
 
-// Software prefetch: while computing a group of NB rows of W, each load also touches the same offset
-// kPrefetchGroups groups further on (the rows of a group are contiguous in W, so that is the lines
-// kPrefetchGroups · NB · K elements ahead): short rows (K = 576 bf16 is 18 lines) are too short for the
-// hardware prefetcher to ramp up on its own. Prefetches past the end of W are harmless no-ops. The first
-// kHeadBytes of a call's slice are prefetched up front (the group loop starts cold).
+// Memory access order (measured, benchmarks/results/cpu_kernels.md; every order computes the same sums):
+//   M ≤ 2, short rows (K · sizeof(T) ≤ kRowwiseMaxBytes: SmolLM2, and K = 2048 in bf16 / fp32): the rows of
+//     a group one after the other, so the slice (contiguous in W) is read strictly in address order and the
+//     hardware prefetcher streams it (2× the interleaved order at K = 576, ~90 % of the read bandwidth);
+//   M ≤ 2, long rows: the NB rows interleaved per K step, no software prefetch (it measured slower);
+//   M ≥ 3: interleaved, each load also touching the same offset kPrefetchGroups groups further on.
+// The first kHeadBytes of a call's slice are prefetched up front (the loop starts cold).
 #if !defined(MK_GEMV_PREFETCH_GROUPS)
 #define MK_GEMV_PREFETCH_GROUPS 1
 #endif
+#if !defined(MK_GEMV_ROWWISE_MAX_BYTES)
+#define MK_GEMV_ROWWISE_MAX_BYTES 8192
+#endif
 constexpr int64_t kPrefetchGroups = MK_GEMV_PREFETCH_GROUPS;
+constexpr int64_t kRowwiseMaxBytes = MK_GEMV_ROWWISE_MAX_BYTES;
 constexpr int64_t kHeadBytes = 4096;
 
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
@@ -58,10 +64,21 @@ inline Acc acc_zero() { return _mm512_setzero_ps(); }
 
 // acc[m][r] += Σ_k x[m, k] · w[r, k] over K in chunks of 16 (fp32, fp16; bf16 without AVX512-BF16), or of 32
 // with vdpbf16ps (bf16 on AVX512-BF16: 32 products per instruction, fp32 accumulation).
-template <typename T, int MB, int NB>
+template <typename T, int MB, int NB, bool ROWWISE>
 inline void dot_block(const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, Acc (&acc)[MB][NB], int64_t pf) {
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (ROWWISE) {
+    for (int r = 0; r < NB; ++r)
+      for (int64_t k = 0; k < K; k += 32) {
+        const __mmask32 mask = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
+        const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w.p[r] + k);
+        if (pf) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+        for (int m = 0; m < MB; ++m)
+          acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k), wv);
+      }
+    return;
+    }
     for (int64_t k = 0; k < K; k += 32) {
       const __mmask32 mask = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
       __m512bh wv[NB];
@@ -77,6 +94,16 @@ inline void dot_block(const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, 
     return;
   }
 #endif
+  if constexpr (ROWWISE) {
+  for (int r = 0; r < NB; ++r)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
+      const __m512 wv = load_f32x16(w.p[r] + k, mask);
+      if (pf && (sizeof(T) == 4 || k % 32 == 0)) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+      for (int m = 0; m < MB; ++m) acc[m][r] = _mm512_fmadd_ps(load_f32x16(x + m * ldx + k, mask), wv, acc[m][r]);
+    }
+  return;
+  }
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
     __m512 wv[NB];
@@ -126,9 +153,18 @@ using Acc = __m256;
 inline Acc acc_zero() { return _mm256_setzero_ps(); }
 
 // acc[m][r] += Σ_k x[m, k] · w[r, k] over the first K & ~7 elements, 8 at a time (the rest: tail_dot).
-template <typename T, int MB, int NB>
+template <typename T, int MB, int NB, bool ROWWISE>
 inline void dot_block(const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, Acc (&acc)[MB][NB], int64_t pf) {
   const int64_t K8 = K & ~int64_t{7};
+  if constexpr (ROWWISE) {
+  for (int r = 0; r < NB; ++r)
+    for (int64_t k = 0; k < K8; k += 8) {
+      const __m256 wv = load8(w.p[r] + k);
+      if (pf && (k * sizeof(T)) % 64 == 0) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+      for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(load8(x + m * ldx + k), wv, acc[m][r]);
+    }
+  return;
+  }
   for (int64_t k = 0; k < K8; k += 8) {
     __m256 wv[NB];
     for (int r = 0; r < NB; ++r) {
@@ -173,14 +209,14 @@ inline float tail_dot(const T* x, const T* w, int64_t K) {
 
 // Columns w.p[0 .. NB) of rows [0, MB) of x: out[m·ldo + r] for r < nvalid (pf: the prefetch offset in
 // bytes, 0 for none).
-template <typename T, int MB, int NB>
+template <typename T, int MB, int NB, bool ROWWISE = false>
 inline void tile(T* out, int64_t ldo, const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, int nvalid,
                  int64_t pf) {
   constexpr int NA = MB * NB, NR = (NA + 7) / 8;
   Acc acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int r = 0; r < NB; ++r) acc[m][r] = acc_zero();
-  dot_block<T, MB, NB>(x, ldx, w, K, acc, pf);
+  dot_block<T, MB, NB, ROWWISE>(x, ldx, w, K, acc, pf);
   alignas(32) float sums[NR * 8];
   for (int g = 0; g < NR; ++g) {
     Acc v[8];
@@ -196,13 +232,18 @@ inline void tile(T* out, int64_t ldo, const T* x, int64_t ldx, const Rows<T, NB>
 // kRowBlock (the group's rows of W stay in L1 / L2 across the blocks; only the first one prefetches).
 template <typename T, int NB, int MB>
 void rows_nb(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t M, int64_t n0, int64_t n1) {
-  const int64_t pf = kPrefetchGroups * NB * K * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
+  const bool rowwise = MB > 0 && row_bytes <= kRowwiseMaxBytes;
+  const int64_t pf = MB > 0 ? 0 : kPrefetchGroups * NB * row_bytes;
   Rows<T, NB> g;
   for (int64_t n = n0; n < n1; n += NB) {
     const int nvalid = static_cast<int>(std::min<int64_t>(NB, n1 - n));
     for (int r = 0; r < NB; ++r) g.p[r] = w + (n + std::min(r, nvalid - 1)) * K;
     if constexpr (MB > 0) {
-      tile<T, MB, NB>(out + n, ldo, x, ldx, g, K, nvalid, pf);
+      if (rowwise)
+        tile<T, MB, NB, true>(out + n, ldo, x, ldx, g, K, nvalid, pf);
+      else
+        tile<T, MB, NB>(out + n, ldo, x, ldx, g, K, nvalid, pf);
     } else {
       int64_t m = 0;
       for (; m + kRowBlock <= M; m += kRowBlock)
