@@ -150,9 +150,10 @@ inline __m256 min_terms(const float* mins, const float* xs, int64_t C) {
   if constexpr (!kSignedCodes<QT>) {
     int64_t c = 0;
     for (; c + 8 <= C; c += 8) cv = _mm256_fmadd_ps(_mm256_loadu_ps(mins + c), _mm256_loadu_ps(xs + c), cv);
-    alignas(32) float tm[8] = {}, tx[8] = {};
-    for (int64_t i = c; i < C; ++i) tm[i - c] = mins[i], tx[i - c] = xs[i];
-    cv = _mm256_fmadd_ps(_mm256_load_ps(tm), _mm256_load_ps(tx), cv);
+    // the tail by masked loads (a copy through a stack buffer stalls on store forwarding, ~50 cycles a row)
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(C - c)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    cv = _mm256_fmadd_ps(_mm256_maskload_ps(mins + c, tail), _mm256_maskload_ps(xs + c, tail), cv);
   }
   return cv;
 }
@@ -213,9 +214,9 @@ void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx
   float* mins = C > 512 ? mins_heap.p : mins_stack;
   int64_t n = n0;
 #if !defined(MK_Q8_MULTIROW_MAX_C)
-#define MK_Q8_MULTIROW_MAX_C 64
+#define MK_Q8_MULTIROW_MAX_C 32
 #endif
-  if (M == 1 && C < MK_Q8_MULTIROW_MAX_C) {  // short rows only: on long ones one stream per row measured as fast
+  if (M == 1 && C < MK_Q8_MULTIROW_MAX_C) {  // short rows only (K = 576: 2×; K = 1536: 0.4× one row at a time)
     for (; n + kNB <= n1; n += kNB) dot_rows_q8<QT, 1, kNB>(w + n * R, R, nblocks, xq, K, dx, xs, C, mins, y + n, ldy);
   }
   for (; n < n1; ++n) {
