@@ -48,12 +48,12 @@ CXX = ["g++", "-std=c++20", "-O3", "-DNDEBUG", "-fPIC", "-fvisibility=hidden", "
 SHAPES = {
     ("smollm2", "qkv"): (960, 576),
     ("smollm2", "o"): (576, 576),
-    ("smollm2", "gate|up"): (3072, 576),
+    ("smollm2", "gate+up"): (3072, 576),
     ("smollm2", "down"): (576, 1536),
     ("smollm2", "head"): (49152, 576),
     ("mistral-1b", "qkv"): (3072, 2048),
     ("mistral-1b", "o"): (2048, 2048),
-    ("mistral-1b", "gate|up"): (11264, 2048),
+    ("mistral-1b", "gate+up"): (11264, 2048),
     ("mistral-1b", "down"): (2048, 5632),
 }
 QFORMATS = {"Q4_0": (2, 32), "Q4_1": (3, 32), "Q8_0": (8, 32), "Q4_K": (12, 256), "Q5_K": (13, 256), "Q6_K": (14, 256)}
