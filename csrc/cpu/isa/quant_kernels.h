@@ -100,6 +100,21 @@ inline constexpr bool kLookup16 = false;
 // in w0, 32c+16 .. 32c+31 in w1), in order: decode_codes (quant_codes.h), the codes widened to fp32.
 template <int32_t QT, typename F>
 __attribute__((always_inline)) inline void decode_block(const uint8_t* blk, F&& f) {
+  if constexpr (QT == ::mk::kQ4_0 || QT == ::mk::kQ4_1) {  // one chunk: straight from 16-byte loads
+    // (through decode_codes' 32-byte codes measured ~10 % slower at fp32 x on Zen 4)
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    const float d = fp16_at(blk);
+    const __m512 vd = _mm512_set1_ps(d);
+    const __m512 vm = _mm512_set1_ps(QT == ::mk::kQ4_1 ? fp16_at(blk + 2) : -8.0f * d);
+    const __m128i q = load16b(blk + (QT == ::mk::kQ4_1 ? 4 : 2));
+    f(0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, lo4))), vd, vm),
+      _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), lo4))), vd, vm));
+    return;
+  } else if constexpr (QT == ::mk::kQ8_0) {  // likewise (~7 % at fp32 x)
+    const __m512 vd = _mm512_set1_ps(fp16_at(blk));
+    f(0, _mm512_mul_ps(i8_to_f32(load16b(blk + 2)), vd), _mm512_mul_ps(i8_to_f32(load16b(blk + 18)), vd));
+    return;
+  }
   decode_codes<QT>(blk, [&](int c, __m256i codes, float s0, float s1, float mn) {
     const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
     if constexpr (kLookup16<QT>) {
