@@ -121,6 +121,19 @@ def test_qlinear_nan_activations_give_nan_rows(name: str, dtype: torch.dtype) ->
         _check(name, x[keep], qweight, scales, out[keep])
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q6_K", "Q5_K", "Q4_1"])
+def test_qlinear_int8_path_extreme_codes_do_not_saturate(name: str) -> None:
+    # bf16 x at M <= 16 takes the int8 path where the level has one; AVX2 sums pairs of code x activation
+    # products in int16 (vpmaddubsw). Random blocks hold the extreme codes (Q8_0's -128, Q6_K's -32 / 31, Q5_K's
+    # 31), and activations of equal magnitude quantize to +-127 exactly (no quantization error): a saturated
+    # pair sum would be off by far more than the bound.
+    k = _k_for(name)
+    qweight, scales = random_qweight(name, 9, k, seed=11, random_bytes=True)
+    g = torch.Generator().manual_seed(12)
+    x = (torch.where(torch.rand(2, k, generator=g) < 0.5, -3.0, 3.0)).to(torch.bfloat16)
+    _check(name, x, qweight, scales, ops.qlinear(x, qweight, QFORMATS[name].qtype, scales))
+
+
 def test_qlinear_bad_inputs_name_the_argument() -> None:
     op = torch.ops.mistral_kernels.qlinear
     q4, _ = random_qweight("Q4_0", 4, 64, seed=0)  # [4, 2 · 18]

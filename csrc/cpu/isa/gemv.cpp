@@ -11,6 +11,7 @@
 //   generic     scalar code with 16 partial sums (auto-vectorised for the baseline)
 #include "gemv.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "target.h"
@@ -22,15 +23,34 @@
 MK_ISA_BEGIN
 namespace {
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+// Memory access order (measured, benchmarks/results/cpu_kernels.md; every order computes the same sums):
+//   M ≤ 2, short rows (K · sizeof(T) ≤ kRowwiseMaxBytes: SmolLM2, and K = 2048 in bf16 / fp32): the rows of
+//     a group one after the other, so the slice (contiguous in W) is read strictly in address order and the
+//     hardware prefetcher streams it (2× the interleaved order at K = 576, ~90 % of the read bandwidth);
+//   M ≤ 2, long rows: the NB rows interleaved per K step, no software prefetch (it measured slower);
+//   M ≥ 3: interleaved, each load also touching the same offset kPrefetchGroups groups further on.
+// The first kHeadBytes of a call's slice are prefetched up front (the loop starts cold).
+#if !defined(MK_GEMV_PREFETCH_GROUPS)
+#define MK_GEMV_PREFETCH_GROUPS 1
+#endif
+#if !defined(MK_GEMV_ROWWISE_MAX_BYTES)
+#define MK_GEMV_ROWWISE_MAX_BYTES 8192
+#endif
+constexpr int64_t kPrefetchGroups = MK_GEMV_PREFETCH_GROUPS;
+constexpr int64_t kRowwiseMaxBytes = MK_GEMV_ROWWISE_MAX_BYTES;
+constexpr int64_t kHeadBytes = 4096;
 
-// The NB rows of W being reduced are short (K·sizeof(T) bytes each), too short for the hardware
-// prefetcher to ramp up on its own: touch the same offset of the next row block while computing this
-// one, so the next block's lines are in flight (prefetches past the end of W are harmless no-ops).
-template <typename T>
-inline void prefetch_next_block(const T* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-}
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+// The rows of a group are passed as NB pointers: a tail group (fewer than NB columns left) repeats its last
+// row, computes all NB and stores the valid ones, so every output column is computed by the same instructions
+// whatever the split of the columns (thread count, slice boundaries) and the tail.
+template <typename T, int NB>
+struct Rows {
+  const T* p[NB];
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 
 inline __m512 load_f32x16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load_f32x16(const bf16* p, __mmask16 m) {
@@ -39,15 +59,57 @@ inline __m512 load_f32x16(const bf16* p, __mmask16 m) {
 }
 inline __m512 load_f32x16(const f16* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
-// acc[m][r] += Σ_k x[m, k] · w[r, k] over K in chunks of 16 (fp32, fp16; bf16 without AVX512-BF16).
-template <typename T, int MB, int NB>
-inline void dot_block_fma(const T* x, int64_t ldx, const T* w, int64_t K, __m512 (&acc)[MB][NB], bool prefetch) {
+using Acc = __m512;
+inline Acc acc_zero() { return _mm512_setzero_ps(); }
+
+// acc[m][r] += Σ_k x[m, k] · w[r, k] over K in chunks of 16 (fp32, fp16; bf16 without AVX512-BF16), or of 32
+// with vdpbf16ps (bf16 on AVX512-BF16: 32 products per instruction, fp32 accumulation).
+template <typename T, int MB, int NB, bool ROWWISE>
+inline void dot_block(const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, Acc (&acc)[MB][NB], int64_t pf) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if constexpr (ROWWISE) {
+    for (int r = 0; r < NB; ++r)
+      for (int64_t k = 0; k < K; k += 32) {
+        const __mmask32 mask = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
+        const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w.p[r] + k);
+        if (pf) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+        for (int m = 0; m < MB; ++m)
+          acc[m][r] = _mm512_dpbf16_ps(acc[m][r], (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k), wv);
+      }
+    return;
+    }
+    for (int64_t k = 0; k < K; k += 32) {
+      const __mmask32 mask = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
+      __m512bh wv[NB];
+      for (int r = 0; r < NB; ++r) {
+        wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w.p[r] + k);
+        if (pf) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+      }
+      for (int m = 0; m < MB; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
+        for (int r = 0; r < NB; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+      }
+    }
+    return;
+  }
+#endif
+  if constexpr (ROWWISE) {
+  for (int r = 0; r < NB; ++r)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
+      const __m512 wv = load_f32x16(w.p[r] + k, mask);
+      if (pf && (sizeof(T) == 4 || k % 32 == 0)) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+      for (int m = 0; m < MB; ++m) acc[m][r] = _mm512_fmadd_ps(load_f32x16(x + m * ldx + k, mask), wv, acc[m][r]);
+    }
+  return;
+  }
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mask = K - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (K - k)) - 1);
     __m512 wv[NB];
     for (int r = 0; r < NB; ++r) {
-      wv[r] = load_f32x16(w + r * K + k, mask);
-      if (prefetch) prefetch_next_block(w + (NB + r) * K + k);
+      wv[r] = load_f32x16(w.p[r] + k, mask);
+      if (pf && (sizeof(T) == 4 || k % 32 == 0)) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
     }
     for (int m = 0; m < MB; ++m) {
       const __m512 xv = load_f32x16(x + m * ldx + k, mask);
@@ -56,45 +118,27 @@ inline void dot_block_fma(const T* x, int64_t ldx, const T* w, int64_t K, __m512
   }
 }
 
-#if defined(__AVX512BF16__)
-template <int MB, int NB>
-inline void dot_block_bf16(const bf16* x, int64_t ldx, const bf16* w, int64_t K, __m512 (&acc)[MB][NB],
-                           bool prefetch) {
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 mask = K - k >= 32 ? __mmask32(0xffffffffu) : __mmask32((1ull << (K - k)) - 1);
-    __m512bh wv[NB];
-    for (int r = 0; r < NB; ++r) {
-      wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + r * K + k);
-      if (prefetch) prefetch_next_block(w + (NB + r) * K + k);
-    }
-    for (int m = 0; m < MB; ++m) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * ldx + k);
-      for (int r = 0; r < NB; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
-    }
-  }
-}
-#endif
-
-// Columns [n, n + NB) of rows [0, MB) of out (the first tile of a group prefetches the next group).
-template <typename T, int MB, int NB>
-inline void tile(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t n, bool prefetch) {
-  __m512 acc[MB][NB];
-  for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < NB; ++r) acc[m][r] = _mm512_setzero_ps();
-#if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, bf16>)
-    dot_block_bf16<MB, NB>(x, ldx, w + n * K, K, acc, prefetch);
-  else
-#endif
-    dot_block_fma<T, MB, NB>(x, ldx, w + n * K, K, acc, prefetch);
-  for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < NB; ++r) out[m * ldo + n + r] = from_f<T>(_mm512_reduce_add_ps(acc[m][r]));
+// The lane sums of 8 accumulators, sum i in lane i of the result: a transposing tree (3 shuffle + add levels,
+// ~20 instructions for 8 sums instead of ~8 each). Every sum is added in the same order,
+// ((l0 + l8) + (l4 + l12)) + ((l2 + l10) + (l6 + l14)) + … for lanes lj, whichever slot it occupies.
+inline __m256 reduce8(const Acc (&v)[8]) {
+  __m512 t[4], u[2];
+  for (int i = 0; i < 4; ++i)  // [a.q0 + a.q2, a.q1 + a.q3, b.q0 + b.q2, b.q1 + b.q3] (q: 128-bit quarters)
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 2; ++i)  // quarter j: the 4 partial sums of input 4i + j
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  // quarter j: [in j: p0 + p2, p1 + p3, in 4 + j: p0 + p2, p1 + p3]
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x44), _mm512_shuffle_ps(u[0], u[1], 0xEE));
+  const __m512 z = _mm512_add_ps(w, _mm512_shuffle_ps(w, w, 0xB1));  // in j at 4j, in 4 + j at 4j + 2
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0,
+                                                                         0, 0, 0), z));
 }
 
-// Row blocks of 4 (4 × 4 accumulators + 4 W vectors fit the 32 zmm registers); M ≤ 2 (batch-1/2 decode)
-// uses groups of 8 rows of W.
-constexpr int kRowBlock = 4;
-constexpr int kWideNB = 8, kNarrowNB = 4;
+// Groups of 8 rows of W at M = 1 and 2 (2 × 8 accumulators + 8 W vectors fit the 32 zmm registers); for
+// M ≥ 3 row blocks of 4 over groups of 4 (4 × 4 + 4).
+constexpr int kNB1 = 8, kNB2 = 8, kNarrowNB = 4, kRowBlock = 4;
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
@@ -105,67 +149,116 @@ inline __m256 load8(const bf16* p) {
 }
 inline __m256 load8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
-// Sum of the 8 lanes in a fixed order.
-inline float hsum8(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
+using Acc = __m256;
+inline Acc acc_zero() { return _mm256_setzero_ps(); }
 
-// Columns [n, n + NB) of rows [0, MB) of out: K in chunks of 8 (16 ymm registers: MB·NB + NB + 1 ≤ 16),
-// the last K % 8 products scalar.
-template <typename T, int MB, int NB>
-inline void tile(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t n, bool prefetch) {
+// acc[m][r] += Σ_k x[m, k] · w[r, k] over the first K & ~7 elements, 8 at a time (the rest: tail_dot).
+template <typename T, int MB, int NB, bool ROWWISE>
+inline void dot_block(const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, Acc (&acc)[MB][NB], int64_t pf) {
   const int64_t K8 = K & ~int64_t{7};
-  const T* wb = w + n * K;
-  __m256 acc[MB][NB];
-  for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < NB; ++r) acc[m][r] = _mm256_setzero_ps();
+  if constexpr (ROWWISE) {
+  for (int r = 0; r < NB; ++r)
+    for (int64_t k = 0; k < K8; k += 8) {
+      const __m256 wv = load8(w.p[r] + k);
+      if (pf && (k * sizeof(T)) % 64 == 0) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
+      for (int m = 0; m < MB; ++m) acc[m][r] = _mm256_fmadd_ps(load8(x + m * ldx + k), wv, acc[m][r]);
+    }
+  return;
+  }
   for (int64_t k = 0; k < K8; k += 8) {
     __m256 wv[NB];
     for (int r = 0; r < NB; ++r) {
-      wv[r] = load8(wb + r * K + k);
-      if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(wb + (NB + r) * K + k), _MM_HINT_T0);
+      wv[r] = load8(w.p[r] + k);
+      if (pf && (k * sizeof(T)) % 64 == 0) prefetch(reinterpret_cast<const char*>(w.p[r] + k) + pf);
     }
     for (int m = 0; m < MB; ++m) {
       const __m256 xv = load8(x + m * ldx + k);
       for (int r = 0; r < NB; ++r) acc[m][r] = _mm256_fmadd_ps(xv, wv[r], acc[m][r]);
     }
   }
-  for (int m = 0; m < MB; ++m)
-    for (int r = 0; r < NB; ++r) {
-      float s = hsum8(acc[m][r]);
-      for (int64_t k = K8; k < K; ++k) s += to_f(x[m * ldx + k]) * to_f(wb[r * K + k]);
-      out[m * ldo + n + r] = from_f<T>(s);
-    }
 }
 
-// Row blocks of 3 (3 × 3 accumulators + 3 W vectors + x fit the 16 ymm registers); M ≤ 2 uses groups of
-// 4 rows of W (2 × 4 + 4 + 1 = 13 registers; 8 for M = 1 would need 17 at M = 2).
-constexpr int kRowBlock = 3;
-constexpr int kWideNB = 4, kNarrowNB = 3;
+// The lane sums of 8 accumulators, sum i in lane i: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for
+// every input.
+inline __m256 reduce8(const Acc (&v)[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));  // [0 1 2 3 | 0 1 2 3]
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));  // [4 5 6 7 | 4 5 6 7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// 16 ymm registers: groups of 8 rows of W at M = 1 (8 accumulators, the W loads folded into the FMAs), of 4
+// at M = 2 (2 × 4 + 4 + 2); for M ≥ 3 row blocks of 3 over groups of 3 (3 × 3 + 3 + 1).
+constexpr int kNB1 = 8, kNB2 = 4, kNarrowNB = 3, kRowBlock = 3;
 
 #endif
 
 #if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 
-// All M rows for the column group [n, n + NB): the group's rows of W stay in L1 across the row blocks.
-template <typename T, int NB>
-inline void group(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t M, int64_t n) {
-  if constexpr (NB == kWideNB) {  // only for M ≤ 2 (rows)
-    if (M == 1) return tile<T, 1, NB>(out, ldo, x, ldx, w, K, n, true);
-    return tile<T, 2, NB>(out, ldo, x, ldx, w, K, n, true);
-  } else {
-    int64_t m = 0;
-    for (; m + kRowBlock <= M; m += kRowBlock)
-      tile<T, kRowBlock, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0);
-    switch (M - m) {
-      case 3:
-        if constexpr (kRowBlock > 3) tile<T, 3, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0);
-        break;
-      case 2: tile<T, 2, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
-      case 1: tile<T, 1, NB>(out + m * ldo, ldo, x + m * ldx, ldx, w, K, n, m == 0); break;
-      default: break;
+// Σ over the elements K & ~7 … K - 1 (AVX2: the loop covers multiples of 8; AVX-512 masks its tail: none).
+template <typename T>
+inline float tail_dot(const T* x, const T* w, int64_t K) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  (void)x, (void)w, (void)K;
+  return 0.f;
+#else
+  float s = 0.f;
+  for (int64_t k = K & ~int64_t{7}; k < K; ++k) s += to_f(x[k]) * to_f(w[k]);
+  return s;
+#endif
+}
+
+// Columns w.p[0 .. NB) of rows [0, MB) of x: out[m·ldo + r] for r < nvalid (pf: the prefetch offset in
+// bytes, 0 for none).
+template <typename T, int MB, int NB, bool ROWWISE = false>
+inline void tile(T* out, int64_t ldo, const T* x, int64_t ldx, const Rows<T, NB>& w, int64_t K, int nvalid,
+                 int64_t pf) {
+  constexpr int NA = MB * NB, NR = (NA + 7) / 8;
+  Acc acc[MB][NB];
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < NB; ++r) acc[m][r] = acc_zero();
+  dot_block<T, MB, NB, ROWWISE>(x, ldx, w, K, acc, pf);
+  alignas(32) float sums[NR * 8];
+  for (int g = 0; g < NR; ++g) {
+    Acc v[8];
+    for (int i = 0; i < 8; ++i) v[i] = 8 * g + i < NA ? acc[(8 * g + i) / NB][(8 * g + i) % NB] : acc_zero();
+    _mm256_store_ps(sums + 8 * g, reduce8(v));
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < nvalid; ++r)
+      out[m * ldo + r] = from_f<T>(sums[m * NB + r] + tail_dot(x + m * ldx, w.p[r], K));
+}
+
+// Columns [n0, n1) in groups of NB rows of W; MB > 0: all M = MB rows of x in one tile; MB = 0: row blocks of
+// kRowBlock (the group's rows of W stay in L1 / L2 across the blocks; only the first one prefetches).
+template <typename T, int NB, int MB>
+void rows_nb(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t M, int64_t n0, int64_t n1) {
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
+  const bool rowwise = MB > 0 && row_bytes <= kRowwiseMaxBytes;
+  const int64_t pf = MB > 0 ? 0 : kPrefetchGroups * NB * row_bytes;
+  Rows<T, NB> g;
+  for (int64_t n = n0; n < n1; n += NB) {
+    const int nvalid = static_cast<int>(std::min<int64_t>(NB, n1 - n));
+    for (int r = 0; r < NB; ++r) g.p[r] = w + (n + std::min(r, nvalid - 1)) * K;
+    if constexpr (MB > 0) {
+      if (rowwise)
+        tile<T, MB, NB, true>(out + n, ldo, x, ldx, g, K, nvalid, pf);
+      else
+        tile<T, MB, NB>(out + n, ldo, x, ldx, g, K, nvalid, pf);
+    } else {
+      int64_t m = 0;
+      for (; m + kRowBlock <= M; m += kRowBlock)
+        tile<T, kRowBlock, NB>(out + m * ldo + n, ldo, x + m * ldx, ldx, g, K, nvalid, m == 0 ? pf : 0);
+      const int64_t p = m == 0 ? pf : 0;
+      T* o = out + m * ldo + n;
+      const T* xm = x + m * ldx;
+      switch (M - m) {
+        case 3:
+          if constexpr (kRowBlock > 3) tile<T, 3, NB>(o, ldo, xm, ldx, g, K, nvalid, p);
+          break;
+        case 2: tile<T, 2, NB>(o, ldo, xm, ldx, g, K, nvalid, p); break;
+        case 1: tile<T, 1, NB>(o, ldo, xm, ldx, g, K, nvalid, p); break;
+        default: break;
+      }
     }
   }
 }
@@ -173,13 +266,12 @@ inline void group(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int6
 template <typename T>
 void rows(T* out, int64_t ldo, const T* x, int64_t ldx, const T* w, int64_t K, int64_t M, int64_t n0, int64_t n1) {
   if (M <= 0 || n0 >= n1) return;
-  int64_t n = n0;
-  if (M <= 2) {
-    for (; n + kWideNB <= n1; n += kWideNB) group<T, kWideNB>(out, ldo, x, ldx, w, K, M, n);
-  } else {
-    for (; n + kNarrowNB <= n1; n += kNarrowNB) group<T, kNarrowNB>(out, ldo, x, ldx, w, K, M, n);
-  }
-  for (; n < n1; ++n) group<T, 1>(out, ldo, x, ldx, w, K, M, n);
+  const char* s = reinterpret_cast<const char*>(w + n0 * K);  // the group loop starts cold: warm its start
+  const int64_t head = std::min<int64_t>(kHeadBytes, (n1 - n0) * K * static_cast<int64_t>(sizeof(T)));
+  for (int64_t b = 0; b < head; b += 64) prefetch(s + b);
+  if (M == 1) return rows_nb<T, kNB1, 1>(out, ldo, x, ldx, w, K, M, n0, n1);
+  if (M == 2) return rows_nb<T, kNB2, 2>(out, ldo, x, ldx, w, K, M, n0, n1);
+  rows_nb<T, kNarrowNB, 0>(out, ldo, x, ldx, w, K, M, n0, n1);
 }
 
 #else  // generic

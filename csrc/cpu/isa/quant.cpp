@@ -9,7 +9,7 @@ namespace {
 
 template <int32_t QT>
 constexpr QPath bf16_path() {
-#if defined(MK_QUANT_VNNI)
+#if defined(MK_QUANT_CODES)
   if constexpr (quant::kInt8Dot<QT>) return QPath::int8;
 #endif
 #if defined(MK_QUANT_BF16_DOT)
@@ -26,7 +26,7 @@ void gemv_as(const QGemv& a, OUT* y, int64_t n0, int64_t n1) {
   }
   const auto* w = static_cast<const uint8_t*>(a.w);
   ::mk::with_block_qtype(a.qtype, [&]<int32_t QT>() {
-#if defined(MK_QUANT_VNNI)
+#if defined(MK_QUANT_CODES)
     if constexpr (bf16_path<QT>() == QPath::int8) {
       if (a.path == QPath::int8) return quant::gemv_rows_q8<QT>(w, a.K, a.xq, a.s0, a.s1, a.M, y, a.ldy, n0, n1);
     }
@@ -49,8 +49,8 @@ int quant_bf16_path(int32_t qtype) {
 }
 
 void quant_prepare_x(int path, const uint16_t* xb, int64_t M, int64_t K, int8_t* xq, float* s0, float* s1) {
-#if defined(MK_QUANT_VNNI)
-  if (path == static_cast<int>(QPath::int8)) return quant::quantize_x_q8<true>(xb, M, K, xq, s0, s1);
+#if defined(MK_QUANT_CODES)
+  if (path == static_cast<int>(QPath::int8)) return quant::quantize_x_q8(xb, M, K, xq, s0, s1);
 #endif
 #if defined(MK_QUANT_BF16_DOT)
   if (path == static_cast<int>(QPath::bf16)) return quant::chunk_sums_bf16(xb, M, K, s0);
@@ -58,17 +58,14 @@ void quant_prepare_x(int path, const uint16_t* xb, int64_t M, int64_t K, int8_t*
   (void)path, (void)xb, (void)M, (void)K, (void)xq, (void)s0, (void)s1;
 }
 
-// The avx2 level has no quant path of its own, and the portable one compiled with -mavx2 (GCC 12) ran at half
-// the speed of the generic copy (the block decode vectorised into byte moves and store-forwarding stalls; bf16
-// SmolLM2 Q4_1 decode, one thread: 14 vs 29 tok/s): avx2 runs the generic copy of the GEMV and dequantization.
+// The prefill tiles of the avx2 level come from the generic copy of the dequantization: the portable loop
+// compiled with -mavx2 (GCC 12) ran at half its speed (the block decode vectorised into byte moves and
+// store-forwarding stalls). Its decode GEMV has its own AVX2 kernels (quant_codes.h, quant_kernels.h).
 #if defined(__AVX2__) && !defined(__AVX512F__)
-#define MK_QUANT_USE_GENERIC 1
+#define MK_QUANT_GENERIC_DEQUANT 1
 #endif
 
 void quant_gemv(const QGemv& a, int64_t n0, int64_t n1) {
-#if defined(MK_QUANT_USE_GENERIC)
-  return ::mk::cpu::isa_generic::quant_gemv(a, n0, n1);
-#endif
   if (a.out_bf16)
     gemv_as(a, static_cast<uint16_t*>(a.y), n0, n1);
   else
@@ -77,7 +74,7 @@ void quant_gemv(const QGemv& a, int64_t n0, int64_t n1) {
 
 void quant_dequant_rows(int32_t qtype, const void* w, const float* scales, int64_t K, int64_t n0, int64_t n1,
                         bool bf16_out, void* dst) {
-#if defined(MK_QUANT_USE_GENERIC)
+#if defined(MK_QUANT_GENERIC_DEQUANT)
   return ::mk::cpu::isa_generic::quant_dequant_rows(qtype, w, scales, K, n0, n1, bf16_out, dst);
 #endif
   if (qtype == ::mk::kInt8Rowwise) {

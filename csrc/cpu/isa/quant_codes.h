@@ -1,0 +1,277 @@
+// cpu/isa/quant_codes.h — the block decoders to integer codes and the int8-activation decode GEMV of
+// quant_kernels.h, written once for every x86 level with AVX2 + FMA + F16C (avx2, avx512, avx512bf16: the
+// code is 256-bit; AVX512-VNNI only changes the dot product instruction). Included by quant_kernels.h inside
+// namespace quant, after Geometry / out_cast. Bit layouts: csrc/kernels/quant_blocks.h.
+// Shape letters: M rows of x, K in features, QK elements per block, R packed row bytes, C = K / 32 chunks.
+#pragma once
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MK_QUANT_CODES 1
+
+inline float fp16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);  // F16C: exact, subnormals included
+}
+
+inline __m128i load16b(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i load32b(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Q4_K / Q5_K: the 8 scales d·sc_s and mins dmin·m_s of a block from its 12 packed bytes q (scale_min_k4 for all
+// 8 sub-blocks at once: bytes 0-3 / 4-7 hold sc / m of s < 4 in their low 6 bits and the top 2 bits of s ≥ 4,
+// bytes 8-11 the low 4 bits of s ≥ 4). dm: d·sc_0..7, then dmin·m_0..7.
+inline void k4_scales(const uint8_t* q, float d, float dmin, float (&dm)[16]) {
+  uint32_t a[3];
+  std::memcpy(a, q, 12);
+  const uint32_t sc[2] = {a[0] & 0x3f3f3f3fu, (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4)};
+  const uint32_t mn[2] = {a[1] & 0x3f3f3f3fu, ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4)};
+  const __m128i vs = _mm_set_epi32(0, 0, static_cast<int>(sc[1]), static_cast<int>(sc[0]));
+  const __m128i vm = _mm_set_epi32(0, 0, static_cast<int>(mn[1]), static_cast<int>(mn[0]));
+  _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(vs)), _mm256_set1_ps(d)));
+  _mm256_storeu_ps(dm + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(vm)), _mm256_set1_ps(dmin)));
+}
+
+// Q8_0 and Q6_K give signed codes (Q6_K's q - 32), the others unsigned ones with an offset per chunk.
+template <int32_t QT>
+inline constexpr bool kSignedCodes = QT == ::mk::kQ8_0 || QT == ::mk::kQ6_K;
+// Q6_K: a scale per 16 weights, the others one per chunk of 32.
+template <int32_t QT>
+inline constexpr bool kHalfScales = QT == ::mk::kQ6_K;
+
+// Decode one block of format QT to codes: f(c, codes, s0, s1, mn) for each chunk c of 32 weights, in order;
+// codes: the 32 codes as bytes in element order (unsigned, or signed for kSignedCodes), and
+//   w[j] = s0 · code[j] + mn (j < 16),  s1 · code[j] + mn (j ≥ 16)     (mn = 0 for signed codes).
+template <int32_t QT, typename F>
+__attribute__((always_inline)) inline void decode_codes(const uint8_t* blk, F&& f) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0F);
+  if constexpr (QT == ::mk::kQ4_0 || QT == ::mk::kQ4_1) {
+    const float d = fp16_at(blk);
+    const __m128i q = load16b(blk + (QT == ::mk::kQ4_1 ? 4 : 2));
+    f(0, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), lo4), d, d,
+      QT == ::mk::kQ4_1 ? fp16_at(blk + 2) : -8.0f * d);
+  } else if constexpr (QT == ::mk::kQ8_0) {
+    const float d = fp16_at(blk);
+    f(0, load32b(blk + 2), d, d, 0.0f);
+  } else if constexpr (QT == ::mk::kQ4_K || QT == ::mk::kQ5_K) {
+    const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
+    alignas(32) float dm[16];  // d·sc_s, then dmin·m_s
+    k4_scales(blk + 4, d, dmin, dm);
+    const uint8_t* qs = blk + (QT == ::mk::kQ5_K ? 48 : 16);
+    [[maybe_unused]] __m256i qh;
+    if constexpr (QT == ::mk::kQ5_K) qh = load32b(blk + 16);
+#pragma GCC unroll 4
+    for (int pair = 0; pair < 4; ++pair) {
+      const __m256i b = load32b(qs + 32 * pair);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        const int s = 2 * pair + half;
+        __m256i nib = half ? _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4) : _mm256_and_si256(b, lo4);
+        if constexpr (QT == ::mk::kQ5_K) {  // 5th bit: bit s of qh[l]
+          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
+          nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                                      _mm256_set1_epi8(16)));
+        }
+        f(s, nib, dm[s], dm[s], -dm[8 + s]);
+      }
+    }
+  } else if constexpr (QT == ::mk::kQ6_K) {
+    const float d = fp16_at(blk + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const __m256i three = _mm256_set1_epi8(3), bias = _mm256_set1_epi8(32);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = load32b(blk + 128 + 32 * h);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {  // chunk 4h + j: ql + 64h + 32 (j & 1), nibble j / 2, qh bits 2j, 2j + 1
+        const __m256i l = load32b(blk + 64 * h + 32 * (j & 1));
+        const __m256i nib = j >= 2 ? _mm256_and_si256(_mm256_srli_epi16(l, 4), lo4) : _mm256_and_si256(l, lo4);
+        const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), three), 4);
+        f(4 * h + j, _mm256_sub_epi8(_mm256_or_si256(nib, hi), bias), d * static_cast<float>(sc[8 * h + 2 * j]),
+          d * static_cast<float>(sc[8 * h + 2 * j + 1]), 0.0f);
+      }
+    }
+  }
+}
+
+// ---- activations quantized to int8 per 32 ------------------------------------------------------------------
+// x is quantized once per call, per chunk of 32: dx = max|x| / 127, q = round(x / dx) (|x - dx·q| ≤ dx / 2),
+// xs = dx · Σ q. A weight chunk's codes c with scales s (per 16) and offset mn (w = s·c + mn) then gives
+//   Σ w·(dx·q) = dx · Σ_half s · Σ c·q + mn · xs
+// Σ c·q in int32, exact: 8 lanes of 4 products each (lanes 0-3: elements 0-15), by vpdpbusd (AVX512-VNNI) or
+// vpmaddubsw + vpmaddwd (AVX2: the pair sums fit int16 — unsigned codes ≤ 31 (Q5_K), signed ones |c| ≤ 128
+// as |c| times the sign-adjusted q: ≤ 2 · 128 · 127). Same lanes, same integers: every level gets the same
+// sums. ~5 single-width vector ops per 32 weights. The only error is the activations' quantization:
+// |y - Σ w·x| ≤ Σ_chunks (dx / 2) · Σ |w| plus fp32 rounding (tests/test_quant_linear.py checks that bound).
+// Formats: the 32-blocks and Q4_K / Q5_K everywhere; Q6_K where there is no exact bf16 dot product
+// (AVX512-BF16 runs it exactly by vdpbf16ps: its 6-bit codes make the quantization error of x weigh more,
+// for a small gain there — measured 1.2× on one core at M = 1).
+template <int32_t QT>
+inline constexpr bool kInt8Dot = QT == ::mk::kQ4_0 || QT == ::mk::kQ4_1 || QT == ::mk::kQ8_0 || QT == ::mk::kQ4_K ||
+                                 QT == ::mk::kQ5_K
+#if !defined(__AVX512BF16__)
+                                 || QT == ::mk::kQ6_K
+#endif
+    ;
+
+// Σ c·q per 4 elements (8 int32 lanes) of 32 codes c and 32 int8 activations q.
+template <int32_t QT>
+inline __m256i dot32(__m256i c, __m256i q) {
+  if constexpr (kSignedCodes<QT>) {  // |c| · (q with c's sign): unsigned × signed
+    q = _mm256_sign_epi8(q, c);
+    c = _mm256_abs_epi8(c);
+  }
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), c, q);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(c, q), _mm256_set1_epi16(1));
+#endif
+}
+
+// The 8 lanes' scale of a chunk: s0 for lanes 0-3 (elements 0-15), s1 for 4-7.
+template <int32_t QT>
+inline __m256 lane_scales(float s0, float s1) {
+  if constexpr (kHalfScales<QT>)
+    return _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+  else
+    return _mm256_set1_ps(s0);
+}
+
+// Sum of the 8 lanes in a fixed order.
+inline float hsum8(__m256 v) {
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 a2 = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a2, _mm_movehdup_ps(a2)));
+}
+
+// Σ_c mins[c] · xs[c] over C chunks (0 for signed-code formats, which have no offset).
+template <int32_t QT>
+inline __m256 min_terms(const float* mins, const float* xs, int64_t C) {
+  __m256 cv = _mm256_setzero_ps();
+  if constexpr (!kSignedCodes<QT>) {
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) cv = _mm256_fmadd_ps(_mm256_loadu_ps(mins + c), _mm256_loadu_ps(xs + c), cv);
+    // the tail by masked loads (a copy through a stack buffer stalls on store forwarding, ~50 cycles a row)
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(C - c)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    cv = _mm256_fmadd_ps(_mm256_maskload_ps(mins + c, tail), _mm256_maskload_ps(xs + c, tail), cv);
+  }
+  return cv;
+}
+
+// y[m] ≈ Σ_k x[m, k] · W[row r, k] for NB rows of W (row r at row + r·R) and MB rows of quantized x: xq int8
+// [MB, K] (ld K), dx / xs [MB, C] (ld C); mins: scratch of NB · C floats. Several rows of W per pass share
+// the loads of x and overlap their epilogues (short rows: K = 576 is 18 chunks, and the per-row epilogue
+// costs ~50 cycles); two accumulators per (row of W, row of x) (even / odd chunks) break the FMA chain. Every
+// output is summed in the same order whatever MB and NB (so whatever M and the split of the columns).
+template <int32_t QT, int MB, int NB, typename OUT>
+inline void dot_rows_q8(const uint8_t* row, int64_t R, int64_t nblocks, const int8_t* xq, int64_t K, const float* dx,
+                        const float* xs, int64_t C, float* mins, OUT* y, int64_t ldy) {
+  constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES, CH = QK / 32;
+  constexpr int NACC = 2;
+  __m256 acc[NACC][MB][NB];
+  for (int i = 0; i < NACC; ++i)
+    for (int m = 0; m < MB; ++m)
+      for (int r = 0; r < NB; ++r) acc[i][m][r] = _mm256_setzero_ps();
+  auto block = [&]<int P>(int64_t b) {  // P: the parity of the block's chunk 0
+#pragma GCC unroll 4
+    for (int r = 0; r < NB; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + r * R + (b + 8) * BYTES), _MM_HINT_T0);
+      decode_codes<QT>(row + r * R + b * BYTES, [&](int c, __m256i codes, float s0, float s1, float mn) {
+        const int64_t g = b * CH + c;
+        if constexpr (!kSignedCodes<QT>) mins[r * C + g] = mn;
+        const __m256 sv = lane_scales<QT>(s0, s1);
+        for (int m = 0; m < MB; ++m) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + 32 * g));
+          __m256& a = acc[(P + c) & 1][m][r];
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32<QT>(codes, xv)), _mm256_mul_ps(sv, _mm256_set1_ps(dx[m * C + g])),
+                              a);
+        }
+      });
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2) {
+    block.template operator()<0>(b);
+    block.template operator()<1>(b + 1);
+  }
+  if (b < nblocks) block.template operator()<0>(b);
+  for (int m = 0; m < MB; ++m)
+    for (int r = 0; r < NB; ++r) {
+      const __m256 t = _mm256_add_ps(acc[0][m][r], acc[1][m][r]);
+      y[m * ldy + r] = out_cast<OUT>(hsum8(_mm256_add_ps(t, min_terms<QT>(mins + r * C, xs + m * C, C))));
+    }
+}
+
+// y[M, n] for n in [n0, n1) from x quantized by quantize_x_q8 (xq [M, K], dx / xs [M, C]).
+template <int32_t QT, typename OUT>
+void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx, const float* xs, int64_t M, OUT* y,
+                  int64_t ldy, int64_t n0, int64_t n1) {
+  constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
+  const int64_t nblocks = K / QK, R = nblocks * BYTES, C = K / 32;
+  constexpr int kNB = 4;  // rows of W per pass at M = 1
+  float mins_stack[kNB * 512];  // no allocation up to K = 16384
+  FloatBuf mins_heap(C > 512 ? kNB * C : 0);
+  float* mins = C > 512 ? mins_heap.p : mins_stack;
+  int64_t n = n0;
+#if !defined(MK_Q8_MULTIROW_MAX_C)
+#define MK_Q8_MULTIROW_MAX_C 32
+#endif
+  if (M == 1 && C < MK_Q8_MULTIROW_MAX_C) {  // short rows only (K = 576: 2×; K = 1536: 0.4× one row at a time)
+    for (; n + kNB <= n1; n += kNB) dot_rows_q8<QT, 1, kNB>(w + n * R, R, nblocks, xq, K, dx, xs, C, mins, y + n, ldy);
+  }
+  for (; n < n1; ++n) {
+    const uint8_t* row = w + n * R;
+    int64_t m = 0;
+    auto pass = [&]<int MB>() {
+      dot_rows_q8<QT, MB, 1>(row, R, nblocks, xq + m * K, K, dx + m * C, xs + m * C, C, mins, y + m * ldy + n, ldy);
+      m += MB;
+    };
+#if defined(__AVX512F__)
+    while (M - m >= 8) pass.template operator()<8>();  // 2 × 8 accumulators: AVX-512's 32 registers
+    if (M - m >= 4) pass.template operator()<4>();
+#else
+    while (M - m >= 4) pass.template operator()<4>();
+#endif
+    if (M - m >= 2) pass.template operator()<2>();
+    if (M - m >= 1) pass.template operator()<1>();
+  }
+}
+
+// Quantize bf16 x [M, K] (bits) per chunk of 32: xq int8 [M, K], dx and xs [M, K / 32].
+inline void quantize_x_q8(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < M * (K / 32); ++i) {
+    __m256 v[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 32 * i + 8 * j));
+      v[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    const __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    // a NaN or ±inf among the 32 (x · 0 is NaN only for those): dx = NaN, so the outputs of this row are NaN
+    // as the fp32 matmul's would be (±inf there when no weight is 0; NaN here).
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 z = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], zero), _mm256_mul_ps(v[1], zero)),
+                                   _mm256_add_ps(_mm256_mul_ps(v[2], zero), _mm256_mul_ps(v[3], zero)));
+    const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(z, zero, _CMP_NEQ_UQ)) == 0;
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const __m256 inv = _mm256_set1_ps(finite && amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest even; |q| ≤ 127
+    // packs interleave the 128-bit lanes: [q0.lo q1.lo q0.hi q1.hi] → bytes in element order by one permute
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + 32 * i), p8);
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    dx[i] = d;
+    xs[i] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+#endif  // AVX2 + FMA + F16C
