@@ -137,3 +137,19 @@ def random_model(config: ModelConfig, *, device: str = "cpu", kernels: object = 
         else:
             w |= {p + "w13": rnd(2 * c.hidden_dim, c.dim), p + "w2": rnd(c.dim, c.hidden_dim)}
     return Model(c, w, kernels if kernels is not None else ops, **model_args)
+
+
+def prefilled_caches(model: Model, tables: list[list[int]], lengths: list[int], block_size: int, num_blocks: int,
+                     g: torch.Generator, copies: int = 2) -> list:
+    """``copies`` KV caches of ``model`` holding the same prefill of random prompts of ``lengths`` tokens
+    (drawn from ``g``) over block tables ``tables``; every slot the prefill does not write is NaN, so a kernel
+    that reads an unwritten slot poisons its output."""
+    caches = [model.new_cache(num_blocks, block_size) for _ in range(copies)]
+    for cache in caches:
+        for t in cache.k + cache.v:
+            t.fill_(float("nan"))
+    prompt = torch.randint(0, model.config.vocab_size, (sum(lengths),), generator=g)
+    batch = AttentionBatch.build(tables, [0] * len(lengths), lengths, block_size)
+    for cache in caches:
+        model.forward(prompt, batch, cache)  # prefill: per-op layers
+    return caches

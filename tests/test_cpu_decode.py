@@ -16,7 +16,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.cpu_decode import FusedCpuDecode
 from mistral_kernels.model import Model
 
-from .model_helpers import random_model
+from .model_helpers import prefilled_caches, random_model
 
 # H = 48 and I = 40: K and I not multiples of 32 / 16 (masked tails of the GEMV and SiLU loops);
 # head_dim 16 (portable attention scan) and 64 (the AVX-512 BF16 scan); windows shorter than the sequences.
@@ -46,14 +46,7 @@ def test_fused_decode_equals_per_op_layers(name: str, dtype: torch.dtype) -> Non
     assert isinstance(fused, FusedCpuDecode)
     g = torch.Generator().manual_seed(2)
     tables = _tables()
-    caches = [model.new_cache(N, S), model.new_cache(N, S)]
-    for cache in caches:  # NaN in every unwritten slot: the kernels must never read one
-        for t in cache.k + cache.v:
-            t.fill_(float("nan"))
-    prompt = torch.randint(0, config.vocab_size, (sum(LENGTHS),), generator=g)
-    batch = AttentionBatch.build(tables, [0] * 3, LENGTHS, S)
-    for cache in caches:
-        model.forward(prompt, batch, cache)  # prefill: per-op layers in both
+    caches = prefilled_caches(model, tables, LENGTHS, S, N, g)  # NaN in every unwritten slot
     lens = list(LENGTHS)
     for step in range(8):  # crosses block boundaries and the window of 7
         tokens = torch.randint(0, config.vocab_size, (3,), generator=g)

@@ -27,6 +27,7 @@ from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
 from mistral_kernels.weights import load_checkpoint
 
 gguf = pytest.importorskip("gguf")
+from .model_helpers import prefilled_caches  # noqa: E402
 from .quant_checkpoints import Q4_K_M, uniform, write_quant_gguf  # noqa: E402
 
 # K-quant rows are whole 256-element super-blocks: H = I = 256. Nqkv = 512 (wq | wk 384 rows, wv 128).
@@ -82,14 +83,7 @@ def test_fused_packed_decode_equals_per_op(gguf_files: dict[str, Path], kind: st
     assert isinstance(fused, FusedCpuDecode)  # the packed model takes the fused step
     g = torch.Generator().manual_seed(2)
     tables = _tables()
-    caches = [model.new_cache(N, S), model.new_cache(N, S)]
-    for cache in caches:  # NaN in every unwritten slot: the kernels must never read one
-        for t in cache.k + cache.v:
-            t.fill_(float("nan"))
-    prompt = torch.randint(0, CONFIG.vocab_size, (sum(LENGTHS),), generator=g)
-    batch = AttentionBatch.build(tables, [0] * 3, LENGTHS, S)
-    for cache in caches:
-        model.forward(prompt, batch, cache)  # prefill: per-op layers in both
+    caches = prefilled_caches(model, tables, LENGTHS, S, N, g)  # NaN in every unwritten slot
     lens = list(LENGTHS)
     for step in range(6):  # crosses block boundaries and the window of 7
         tokens = torch.randint(0, CONFIG.vocab_size, (3,), generator=g)

@@ -8,6 +8,7 @@
 
 #include "../kernels/quant_blocks.h"
 #include "common.h"
+#include "quant.h"
 
 // The ops of this family (registered by every backend from this list; see common.h).
 #define MK_MOE_QUANT_OPS(X) X(moe_qgemm)
@@ -51,10 +52,7 @@ inline QFormat moe_qgemm_args(const char* op, const at::Tensor& out, const at::T
                               const at::Tensor& qweight, const std::optional<at::Tensor>& scales, int64_t qtype,
                               const std::optional<at::Tensor>& up_qweight, const std::optional<at::Tensor>& up_scales,
                               std::initializer_list<at::ScalarType> dtypes) {
-  const QFormat f = qformat(static_cast<int32_t>(qtype));
-  TORCH_CHECK(f.qtype != 0 && qtype == f.qtype, op, ": qtype ", qtype,
-              " has no native kernel; supported: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), "
-              "INT8_ROWWISE (1000) — dequantize other formats at load");
+  const QFormat f = native_qformat(op, qtype);
   dtype_in(op, "x", x, dtypes);
   same_dtype(op, "out", out, "x", x);
   same_device(op, "out", out, "x", x);

@@ -13,6 +13,15 @@
 
 namespace mk::inline MK_ABI::check {
 
+// The geometry of format code qtype, or an error naming the formats with a native kernel.
+inline QFormat native_qformat(const char* op, int64_t qtype) {
+  const QFormat f = qformat(static_cast<int32_t>(qtype));
+  TORCH_CHECK(f.qtype != 0 && qtype == f.qtype, op, ": qtype ", qtype,
+              " has no native kernel; supported: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), "
+              "INT8_ROWWISE (1000) — dequantize other formats at load");
+  return f;
+}
+
 // out [M, N] = x [M, K] · W[N, K]ᵀ with W given as
 //   GGUF block formats: qweight uint8 [N, R], R = K / QK · bytes, scales None;
 //   kInt8Rowwise:       qweight int8 [N, K], scales fp32 [N].
@@ -21,10 +30,7 @@ namespace mk::inline MK_ABI::check {
 inline QFormat qlinear_args(const char* op, const at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
                             const std::optional<at::Tensor>& scales, int64_t qtype,
                             std::initializer_list<at::ScalarType> dtypes) {
-  const QFormat f = qformat(static_cast<int32_t>(qtype));
-  TORCH_CHECK(f.qtype != 0 && qtype == f.qtype, op, ": qtype ", qtype,
-              " has no native kernel; supported: Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), "
-              "INT8_ROWWISE (1000) — dequantize other formats at load");
+  const QFormat f = native_qformat(op, qtype);
   dtype_in(op, "x", x, dtypes);
   same_dtype(op, "out", out, "x", x);
   same_device(op, "out", out, "x", x);
