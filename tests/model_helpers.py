@@ -153,3 +153,20 @@ def prefilled_caches(model: Model, tables: list[list[int]], lengths: list[int], 
     for cache in caches:
         model.forward(prompt, batch, cache)  # prefill: per-op layers
     return caches
+
+
+def fused_and_per_op_step(model: Model, tokens: torch.Tensor, tables: list[list[int]], lens: list[int],
+                          rows: list[int], block_size: int, caches: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step of the sequences ``rows`` (tokens[rows], contexts ``lens``) through the model's fused CPU
+    decode step on caches[0] and through its per-op layers on caches[1]: (fused logits, per-op logits). The
+    model keeps its fused step afterwards."""
+    fused = model.cpu_decode
+    batch = AttentionBatch.build([tables[b] for b in rows], [lens[b] for b in rows], [1] * len(rows), block_size)
+    assert batch.decode_only and fused.accepts(tokens[rows], batch)
+    got = model.forward(tokens[rows], batch, caches[0])
+    model.cpu_decode = None
+    try:
+        want = model.forward(tokens[rows], batch, caches[1])
+    finally:
+        model.cpu_decode = fused
+    return got, want

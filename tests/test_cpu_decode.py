@@ -16,7 +16,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.cpu_decode import FusedCpuDecode
 from mistral_kernels.model import Model
 
-from .model_helpers import prefilled_caches, random_model
+from .model_helpers import fused_and_per_op_step, prefilled_caches, random_model
 
 # H = 48 and I = 40: K and I not multiples of 32 / 16 (masked tails of the GEMV and SiLU loops);
 # head_dim 16 (portable attention scan) and 64 (the AVX-512 BF16 scan); windows shorter than the sequences.
@@ -51,12 +51,7 @@ def test_fused_decode_equals_per_op_layers(name: str, dtype: torch.dtype) -> Non
     for step in range(8):  # crosses block boundaries and the window of 7
         tokens = torch.randint(0, config.vocab_size, (3,), generator=g)
         rows = [0, 2] if step % 3 == 2 else [0, 1, 2]  # batches of 3 and 2 sequences
-        batch = AttentionBatch.build([tables[b] for b in rows], [lens[b] for b in rows], [1] * len(rows), S)
-        assert batch.decode_only and fused.accepts(tokens[rows], batch)
-        model.cpu_decode = fused
-        got = model.forward(tokens[rows], batch, caches[0])
-        model.cpu_decode = None
-        want = model.forward(tokens[rows], batch, caches[1])
+        got, want = fused_and_per_op_step(model, tokens, tables, lens, rows, S, caches)
         torch.testing.assert_close(got, want, **TOL)
         for b in rows:
             lens[b] += 1
@@ -64,7 +59,6 @@ def test_fused_decode_equals_per_op_layers(name: str, dtype: torch.dtype) -> Non
                 j = torch.arange(lens[b])
                 blocks = torch.tensor(tables[b])[j // S]
                 torch.testing.assert_close(k0[blocks, j % S], k1[blocks, j % S], atol=0, rtol=0)
-    model.cpu_decode = fused
 
 
 def _step_args(model: Model, dtype: torch.dtype, g: torch.Generator) -> tuple[list, dict]:

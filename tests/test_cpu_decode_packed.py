@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from mistral_kernels import ops, reference
-from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.cpu_decode import FusedCpuDecode
 from mistral_kernels.model import Model
@@ -27,7 +26,7 @@ from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
 from mistral_kernels.weights import load_checkpoint
 
 gguf = pytest.importorskip("gguf")
-from .model_helpers import prefilled_caches  # noqa: E402
+from .model_helpers import fused_and_per_op_step, prefilled_caches  # noqa: E402
 from .quant_checkpoints import Q4_K_M, uniform, write_quant_gguf  # noqa: E402
 
 # K-quant rows are whole 256-element super-blocks: H = I = 256. Nqkv = 512 (wq | wk 384 rows, wv 128).
@@ -88,19 +87,13 @@ def test_fused_packed_decode_equals_per_op(gguf_files: dict[str, Path], kind: st
     for step in range(6):  # crosses block boundaries and the window of 7
         tokens = torch.randint(0, CONFIG.vocab_size, (3,), generator=g)
         rows = ROWS[step % len(ROWS)]
-        batch = AttentionBatch.build([tables[b] for b in rows], [lens[b] for b in rows], [1] * len(rows), S)
-        assert batch.decode_only and fused.accepts(tokens[rows], batch)
-        model.cpu_decode = fused
-        got = model.forward(tokens[rows], batch, caches[0])
-        model.cpu_decode = None
-        want = model.forward(tokens[rows], batch, caches[1])
+        got, want = fused_and_per_op_step(model, tokens, tables, lens, rows, S, caches)
         assert want.isfinite().all() and want.std() > 0.05  # a meaningful comparison
         torch.testing.assert_close(got, want, **TOL)
         for b in rows:
             lens[b] += 1
         for k0, k1 in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):  # the same slots written
             torch.testing.assert_close(k0, k1, atol=0, rtol=0, equal_nan=True)
-    model.cpu_decode = fused
 
 
 def _op_args(model: Model, dtype: torch.dtype, g: torch.Generator) -> list:
