@@ -38,8 +38,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
+import threading
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: only the table reader needs it
+    tomllib = None  # type: ignore[assignment]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sass_analysis  # noqa: E402
@@ -171,7 +176,7 @@ def compile_cubin(source: Path, arch: str, out: Path) -> None:
     """source → out/k.cubin, out/ptxas.txt (ptxas -v), out/*.ptx (kept for .maxntid)."""
     nvcc = find_nvcc()
     assert nvcc, "nvcc not found"
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}-{threading.get_ident()}")  # two compiles may race
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     cmd = [nvcc, *NVCC_FLAGS, "--keep-dir", str(tmp), f"-I{ROOT / 'csrc'}", f"-arch={arch}", "-cubin", str(source),
@@ -183,8 +188,10 @@ def compile_cubin(source: Path, arch: str, out: Path) -> None:
     for p in tmp.iterdir():  # keep only what is read back
         if p.suffix not in (".cubin", ".txt", ".ptx"):
             p.unlink()
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished the same compile first: keep its copy
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _resources(out: Path) -> dict[str, tuple[int, int, int, int]]:
@@ -221,7 +228,7 @@ def dynamic_smem() -> dict[str, int]:
     if cached.exists():
         return json.loads(cached.read_text())
     CACHE.mkdir(parents=True, exist_ok=True)
-    exe = CACHE / f"dyn_smem-{key}"
+    exe = CACHE / f"dyn_smem-{key}-{os.getpid()}-{threading.get_ident()}"
     cmd = [gxx, "-std=c++20", "-O0", "-Wno-unknown-pragmas", f"-I{ROOT / 'csrc'}",
            str(ROOT / "tests" / "nvcc" / "dyn_smem.cpp"), *map(str, sorted((ROOT / "csrc" / "simt").glob("emu_*.cpp"))),
            "-lpthread", "-o", str(exe)]
@@ -231,7 +238,21 @@ def dynamic_smem() -> dict[str, int]:
     lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
     exe.unlink()
     out = {name: int(b) for name, b in (line.split("\t") for line in lines)}
-    cached.write_text(json.dumps(out))
+    tmp = cached.with_name(f"{cached.name}.{os.getpid()}-{threading.get_ident()}")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(cached)
+    return out
+
+
+def compiled(source: Path, arch: str) -> Path:
+    """The cache directory holding source's cubin for arch (k.cubin, ptxas.txt: the -Xptxas -v report, the
+    .ptx), compiled first if the sources, flags or nvcc changed. tests/test_nvcc_ptxas.py reads it too."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (set CUDA_HOME)")
+    out = CACHE / f"{source.stem}-{arch}-{source_key(source, arch, nvcc)}"
+    if not (out / "k.cubin").exists():
+        compile_cubin(source, arch, out)
     return out
 
 
@@ -241,14 +262,12 @@ def measure(source: Path = SOURCE, arch: str = "sm_90", select: str = "*") -> di
     why = missing_tools()
     if why:
         raise RuntimeError(why)
-    nvcc = find_nvcc()
-    assert nvcc
-    out = CACHE / f"{source.stem}-{arch}-{source_key(source, arch, nvcc)}"
-    if not (out / "k.cubin").exists():
-        compile_cubin(source, arch, out)
+    out = compiled(source, arch)
     metrics = out / f"metrics-{analysis_key()}.json"
     if not metrics.exists():
-        metrics.write_text(json.dumps(_analyse(out, arch, source == SOURCE)))
+        tmp = metrics.with_name(f"{metrics.name}.{os.getpid()}-{threading.get_ident()}")
+        tmp.write_text(json.dumps(_analyse(out, arch, source == SOURCE)))
+        tmp.replace(metrics)
     kernels = {k["name"]: Kernel(**k) for k in json.loads(metrics.read_text())}
     return {n: k for n, k in kernels.items() if fnmatch.fnmatchcase(n, select)}
 
@@ -284,11 +303,7 @@ def _analyse(out: Path, arch: str, with_dynamic: bool) -> list[dict]:
 
 def hot_loop_listing(source: Path, arch: str, name: str, kind: str) -> list[str]:
     """The hot loop's instructions of one kernel (for --show)."""
-    measure(source, arch, name)  # compiled and cached
-    nvcc = find_nvcc()
-    assert nvcc
-    out = CACHE / f"{source.stem}-{arch}-{source_key(source, arch, nvcc)}"
-    proc = _sass_text(out / "k.cubin")
+    proc = _sass_text(compiled(source, arch) / "k.cubin")
     assert proc.stdout
     funcs = list(sass_analysis.functions(proc.stdout))
     proc.wait()
@@ -340,6 +355,8 @@ class Table:
 
 
 def load_table(path: Path = TABLE) -> Table:
+    if tomllib is None:
+        raise RuntimeError(f"reading {path} needs Python ≥ 3.11 (tomllib)")
     data = tomllib.loads(path.read_text())
     gpus = {arch: Gpu(**g) for arch, g in data["gpu"].items()}
     fams = [Family(f["pattern"], f["kind"], f["header"], f.get("target"), f.get("target_note", ""),
