@@ -6,6 +6,9 @@ One-command steps (run from the repository root with any Python ≥ 3.11; needs 
     python scripts/sass_budget.py --write-results    # also write benchmarks/results/sass_budget.md
     python scripts/sass_budget.py --update-floors    # set every floor to today's figure minus the margin
                                                      #   (scripts/sass_budgets.toml, [floors]; review the diff)
+    python scripts/sass_budget.py --save-baseline    # keep today's figures as the results' "before" column
+                                                     #   (benchmarks/results/sass_budget_baseline.json: taken
+                                                     #   before the kernel rework; leave it as it is after)
     python scripts/sass_budget.py --show 'paged_decode_kernel<__nv_bfloat16, 128, 4>' [--arch sm_80]
                                                      # print the hot loop's instructions
 What it does: tests/nvcc/all_kernels.cu (every kernel instance the CUDA backend launches) is compiled to a cubin
@@ -53,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "tests" / "nvcc" / "all_kernels.cu"
 TABLE = ROOT / "scripts" / "sass_budgets.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "sass_budget.md"
+# The figures before the kernel rework ("<arch> <kernel>" → figure): the "before" column of RESULTS.
+BASELINE = ROOT / "benchmarks" / "results" / "sass_budget_baseline.json"
 CACHE = ROOT / "build" / "sass_budget"
 ARCHS = ("sm_90", "sm_80")
 # CUDA flags of the module's build (CMakeLists.txt: C++20, --expt-relaxed-constexpr, -lineinfo, diag 186).
@@ -476,16 +481,18 @@ HAND_COUNTS = {
 }
 
 
-def _summary(rows: list[Row], table: Table) -> list[str]:
+def _summary(rows: list[Row], table: Table, before: dict[str, float]) -> list[str]:
     out = ["## Summary: the lowest figure per family (sm_90)", "",
-           "| family | lowest instance | figure | est. fraction of bound | target |", "|---|---|---|---|---|"]
+           "| family | lowest instance | figure | before | est. fraction of bound | target |",
+           "|---|---|---|---|---|---|"]
     for fam in table.families:
         frows = [r for r in rows if r.family is fam and r.kernel.arch == "sm_90"]
         if frows:
             r = min(frows, key=lambda r: r.figure)
             pct = fam.kind == "tensor"
-            out.append(f"| `{fam.pattern}` | `{r.kernel.name}` | {_fmt(r.figure, pct)} | {_fmt(r.fraction, True)} | "
-                       f"{_fmt(fam.target, pct)} |")
+            was = before.get(f"{r.kernel.arch} {r.kernel.name}")
+            out.append(f"| `{fam.pattern}` | `{r.kernel.name}` | {_fmt(r.figure, pct)} | {_fmt(was, pct)} | "
+                       f"{_fmt(r.fraction, True)} | {_fmt(fam.target, pct)} |")
     out += ["", "## Against the hand counts of the design review (sm_90)", "",
             "| kernel | hand count | tool: instructions per iteration | tool: figure |", "|---|---|---|---|"]
     by_name = {r.kernel.name: r for r in rows if r.kernel.arch == "sm_90"}
@@ -498,7 +505,9 @@ def _summary(rows: list[Row], table: Table) -> list[str]:
     return out + [""]
 
 
-def results_markdown(rows: list[Row], table: Table) -> str:
+def results_markdown(rows: list[Row], table: Table, before: dict[str, float] | None = None) -> str:
+    """The results file; `before`: the baseline figures ("<arch> <kernel>" → figure), shown next to today's."""
+    before = before or {}
     nvcc = find_nvcc() or "?"
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     out = ["# SASS budgets: GPU efficiency estimated from the compiled kernels (no GPU run)", "",
@@ -508,7 +517,8 @@ def results_markdown(rows: list[Row], table: Table) -> str:
            "fraction of the bound is an **estimate**; a GPU run (scripts/gpu_check.sh) measures the real one.", "",
            "Figures: memory kernels — bytes a warp requests from global memory per warp-instruction in the hot",
            "loop (LDG/LDGSTS width × 32 lanes); tensor-core kernels — the HMMA issue share (below). Floor: what CI",
-           "(tests/test_sass_budget.py) holds the kernel to; target: the figure the kernel's redesign aims for.",
+           "(tests/test_sass_budget.py) holds the kernel to; target: the figure the kernel's redesign aims for;",
+           "before: the figure of the code before the kernel rework (benchmarks/results/sass_budget_baseline.json).",
            "Warps/SM: resident warps per SM from registers, shared memory (static + the launcher's dynamic) and",
            "the launch bounds.", "", "```", ESTIMATE_MODEL, "```", "",
            "Caveat (quantized GEMV): its scale and metadata bytes are loaded per lane (sub-word LDGs whose",
@@ -516,7 +526,7 @@ def results_markdown(rows: list[Row], table: Table) -> str:
            "bytes over-state the HBM bytes until the loads become lane-distinct 16-byte vectors. Today, per 8",
            "weights and weight row: Q4_K requests 14 B for 4.5 B of HBM data (Q4_1 ~8 B for 5 B, Q8_0 ~10 B for",
            "8.5 B): the HBM bytes per warp-instruction are about 1.1 (Q4_K), 1.6 (Q4_1), 3.2 (Q8_0) at M = 1.", ""]
-    out += _summary(rows, table)
+    out += _summary(rows, table, before)
     for fam in table.families:
         frows = [r for r in rows if r.family is fam]
         if not frows:
@@ -526,13 +536,15 @@ def results_markdown(rows: list[Row], table: Table) -> str:
         out += [f"## `{fam.pattern}` ({fam.kind}, {fam.header})", "",
                 f"Target: {_fmt(fam.target, fam.kind == 'tensor') if fam.target else 'none set'}"
                 f"{' — ' + fam.target_note if fam.target_note else ''}", "",
-                f"| kernel | arch | {unit} | floor | target | est. fraction of bound | instr/iter | {work} | "
+                f"| kernel | arch | {unit} | before | floor | target | est. fraction of bound | instr/iter | {work} | "
                 "mem / int / fp / conv / ctl | regs | spill B | warps/SM |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in frows:
             pct = fam.kind == "tensor"
             c = r.by_class
-            out.append(f"| `{r.kernel.name}` | {r.kernel.arch} | {_fmt(r.figure, pct)} | {_fmt(r.floor, pct)} | "
+            was = before.get(f"{r.kernel.arch} {r.kernel.name}")
+            out.append(f"| `{r.kernel.name}` | {r.kernel.arch} | {_fmt(r.figure, pct)} | {_fmt(was, pct)} | "
+                       f"{_fmt(r.floor, pct)} | "
                        f"{_fmt(fam.target, pct)} | {_fmt(r.fraction, True)} | {r.instructions} | {r.work:.0f} | "
                        f"{c['memory']} / {c['int']} / {c['fp']} / {c['conversion']} / {c['control']} | "
                        f"{r.kernel.registers} | {r.kernel.spill_bytes} | {r.occupancy_warps} |")
@@ -544,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write-results", action="store_true", help=f"write {RESULTS.relative_to(ROOT)}")
     ap.add_argument("--update-floors", action="store_true", help="set the floors in the table to today's figures")
+    ap.add_argument("--save-baseline", action="store_true",
+                    help=f"keep today's figures as the 'before' column ({BASELINE.relative_to(ROOT)})")
     ap.add_argument("--show", metavar="KERNEL", help="print the hot loop of one kernel instance")
     ap.add_argument("--arch", default="sm_90", choices=ARCHS)
     args = ap.parse_args(argv)
@@ -572,8 +586,13 @@ def main(argv: list[str] | None = None) -> int:
         mark = "" if r.ok else "  BELOW FLOOR"
         print(f"{r.kernel.arch} {r.kernel.name:70s} {_fmt(r.figure, pct):>8s} floor {_fmt(r.floor, pct):>8s} "
               f"est {_fmt(r.fraction, True):>5s} instr {r.instructions:5d} warps {r.occupancy_warps:2d}{mark}")
+    if args.save_baseline:
+        BASELINE.write_text(json.dumps({f"{r.kernel.arch} {r.kernel.name}": round(r.figure, 4) for r in rows},
+                                       indent=0, sort_keys=True) + "\n")
+        print(f"wrote {BASELINE.relative_to(ROOT)}")
     if args.write_results:
-        RESULTS.write_text(results_markdown(rows, table))
+        before = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+        RESULTS.write_text(results_markdown(rows, table, before))
         print(f"wrote {RESULTS.relative_to(ROOT)}")
     bad = [r for r in rows if not r.ok]
     for r in bad:
