@@ -525,7 +525,12 @@ def results_markdown(rows: list[Row], table: Table, before: dict[str, float] | N
            "addresses the lanes of a block share); the hardware serves such a broadcast once, so the requested",
            "bytes over-state the HBM bytes until the loads become lane-distinct 16-byte vectors. Today, per 8",
            "weights and weight row: Q4_K requests 14 B for 4.5 B of HBM data (Q4_1 ~8 B for 5 B, Q8_0 ~10 B for",
-           "8.5 B): the HBM bytes per warp-instruction are about 1.1 (Q4_K), 1.6 (Q4_1), 3.2 (Q8_0) at M = 1.", ""]
+           "8.5 B): the HBM bytes per warp-instruction are about 1.1 (Q4_K), 1.6 (Q4_1), 3.2 (Q8_0) at M = 1.", "",
+           "Caveat (nested loops): a loop nested in the hot loop counts one trip (trip counts are not known",
+           "statically). Where a copy loop runs more trips per tile than that — the K/V gather of",
+           "paged_prefill_tc (at D 128: 4 chunks of K+V per thread and tile, 3 on the counted path, ~90",
+           "instructions per chunk), the x-tile copy of quant_gemm — the tensor-core figures are optimistic by",
+           "those instructions (prefill_tc bf16 D 128: 45 % counted, ~41 % with the fourth chunk).", ""]
     out += _summary(rows, table, before)
     for fam in table.families:
         frows = [r for r in rows if r.family is fam]
