@@ -44,8 +44,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
             "UFLO", "UPOPC", "UBREV", "LEPC", "BMSK", "UBMSK", "SGXT", "USGXT", "VABSDIFF", "VABSDIFF4", "XMAD",
             "VIADDMNMX", "UVIADD", "UVIMNMX"),
     "control": ("BRA", "BRX", "JMP", "JMX", "CALL", "RET", "EXIT", "BAR", "BSSY", "BSYNC", "WARPSYNC", "NANOSLEEP",
-                "BREAK", "BPT", "KILL", "YIELD", "NOP", "MEMBAR", "ERRBAR", "FENCE", "ACQBULK", "ELECT", "ENDCOLLECTIVE",
-                "WARPGROUP", "SYNCS", "ACQSHMINIT", "CGAERRBAR", "UCGABAR_ARV", "UCGABAR_WAIT", "B2R", "R2B"),
+                "BREAK", "BPT", "KILL", "YIELD", "NOP", "MEMBAR", "ERRBAR", "FENCE", "ACQBULK", "ELECT",
+                "ENDCOLLECTIVE", "WARPGROUP", "SYNCS", "ACQSHMINIT", "CGAERRBAR", "UCGABAR_ARV", "UCGABAR_WAIT", "B2R", "R2B"),
     "conversion": ("F2F", "F2I", "I2F", "I2I", "F2FP", "I2FP", "F2IP", "FRND", "PRMT", "UPRMT", "F2UP", "HADD2_F32"),
 }
 _CLASS_OF = {op: cls for cls, ops in CLASSES.items() for op in ops}
