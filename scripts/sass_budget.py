@@ -462,6 +462,12 @@ def write_floors(rows: list[Row], table: Table, path: Path = TABLE) -> int:
     return len(rows)
 
 
+def _target(fam: Family) -> str:
+    """The family's target; in HBM bytes (not comparable with the requested-bytes figure) where they differ."""
+    text = _fmt(fam.target, fam.kind == "tensor")
+    return text if fam.requested_is_hbm or fam.target is None else f"{text} HBM B/instr (figure: requested)"
+
+
 def _fmt(x: float | None, pct: bool = False) -> str:
     if x is None:
         return "—"
@@ -492,7 +498,7 @@ def _summary(rows: list[Row], table: Table, before: dict[str, float]) -> list[st
             pct = fam.kind == "tensor"
             was = before.get(f"{r.kernel.arch} {r.kernel.name}")
             out.append(f"| `{fam.pattern}` | `{r.kernel.name}` | {_fmt(r.figure, pct)} | {_fmt(was, pct)} | "
-                       f"{_fmt(r.fraction, True)} | {_fmt(fam.target, pct)} |")
+                       f"{_fmt(r.fraction, True)} | {_target(fam)} |")
     out += ["", "## Against the hand counts of the design review (sm_90)", "",
             "| kernel | hand count | tool: instructions per iteration | tool: figure |", "|---|---|---|---|"]
     by_name = {r.kernel.name: r for r in rows if r.kernel.arch == "sm_90"}
@@ -550,7 +556,7 @@ def results_markdown(rows: list[Row], table: Table, before: dict[str, float] | N
             was = before.get(f"{r.kernel.arch} {r.kernel.name}")
             out.append(f"| `{r.kernel.name}` | {r.kernel.arch} | {_fmt(r.figure, pct)} | {_fmt(was, pct)} | "
                        f"{_fmt(r.floor, pct)} | "
-                       f"{_fmt(fam.target, pct)} | {_fmt(r.fraction, True)} | {r.instructions} | {r.work:.0f} | "
+                       f"{_target(fam)} | {_fmt(r.fraction, True)} | {r.instructions} | {r.work:.0f} | "
                        f"{c['memory']} / {c['int']} / {c['fp']} / {c['conversion']} / {c['control']} | "
                        f"{r.kernel.registers} | {r.kernel.spill_bytes} | {r.occupancy_warps} |")
         out.append("")
