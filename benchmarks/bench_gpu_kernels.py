@@ -140,7 +140,7 @@ def quant_rows(dev: str, smoke: bool) -> list[Row]:
         touched = sum(c > 0 for c in rows_per)
         x = torch.randn(2 * t, h, generator=torch.Generator().manual_seed(t)).to(dev, torch.bfloat16)
         nbytes = touched * 2 * w1[0].numel() + 2 * x.numel() + 2 * x.shape[0] * i
-        rows.append(Row("moe_qgemm", f"Q4_K gated w1|w3 Mixtral T={t} ({touched} experts)", nbytes,
+        rows.append(Row("moe_qgemm", f"Q4_K gated w1+w3 Mixtral T={t} ({touched} experts)", nbytes,
                         2 * 2 * x.shape[0] * i * h, "memory",
                         lambda x=x, offsets=offsets: ops.moe_qgemm(x, offsets, w1, qtype, None, w3)))
     return rows

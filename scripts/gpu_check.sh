@@ -227,7 +227,8 @@ step_bench_smoke() {
   py benchmarks/bench_gpu_kernels.py --help > /dev/null &&
     py benchmarks/bench_gpu_decode.py --help > /dev/null &&
     py benchmarks/bench_gpu_kernels.py --device cpu --smoke --out "$tmp" &&
-    py benchmarks/bench_gpu_decode.py --device cpu --smoke --out "$tmp" &&
+    py benchmarks/bench_gpu_decode.py --device cpu --smoke --out "$tmp" --prompt-tokens 8 --new-tokens 4 \
+      --batches 1,4 &&
     test -s "$tmp/gpu_kernels.md" && test -s "$tmp/gpu_decode.md"
   local rc=$?
   rm -rf "$tmp"
