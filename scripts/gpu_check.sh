@@ -41,14 +41,14 @@ SELF=$ROOT/scripts/gpu_check.sh
 # ---- the plan: name, budget (s), what it does; in priority order ------------------------------------------
 PLAN_GPU=(
   "environment 15 python, torch and the device (nvidia-smi)"
-  "dependencies 15 each wheel of MK_WHEELS_DIR on its own (pip --no-index)"
-  "build 160 sm_90 only, against the installed torch, MK_EMU=OFF, CPU kernels, -j nproc"
-  "cuda_tests 105 pytest -k 'cuda and not emu' -n 8 --timeout 120; skips only for a missing package / model"
-  "kernels 55 bench_gpu_kernels.py: attention, MoE, qlinear; L2 flushed; % HBM, % bf16 peak"
-  "decode 85 bench_gpu_decode.py: random Mistral-7B, Mixtral, Q4_K; b 1 / 32; graphs on / off"
-  "memcheck 35 compute-sanitizer memcheck, gpu_launches.py (caching allocator off)"
-  "racecheck 35 compute-sanitizer racecheck, gpu_launches.py"
-  "synccheck 25 compute-sanitizer synccheck, gpu_launches.py"
+  "dependencies 10 each wheel of MK_WHEELS_DIR on its own (pip --no-index)"
+  "build 195 sm_90 only, against the installed torch, MK_EMU=OFF, CPU kernels, -j nproc"
+  "cuda_tests 100 pytest -k 'cuda and not emu' -n 8 --timeout 120; skips only for a missing package / model"
+  "kernels 50 bench_gpu_kernels.py: attention, MoE, qlinear; L2 flushed; % HBM, % bf16 peak"
+  "decode 80 bench_gpu_decode.py: random Mistral-7B, Mixtral, Q4_K; b 1 / 32; graphs on / off"
+  "memcheck 30 compute-sanitizer memcheck, gpu_launches.py (caching allocator off)"
+  "racecheck 30 compute-sanitizer racecheck, gpu_launches.py"
+  "synccheck 20 compute-sanitizer synccheck, gpu_launches.py"
 )
 PLAN_NO_GPU=(
   "environment 30 python, torch"
@@ -107,11 +107,27 @@ PY
 
 # Each wheel on its own: one that cannot install (a missing dependency) blocks none of the others.
 step_dependencies() {
-  local rc=0 whl ok=() failed=()
+  local rc=0 whl ok=() failed=() todo
   if [ -z "${MK_WHEELS_DIR:-}" ] || ! ls "$MK_WHEELS_DIR"/*.whl > /dev/null 2>&1; then
     echo "no wheels (MK_WHEELS_DIR=${MK_WHEELS_DIR:-unset})"
   else
-    for whl in "$MK_WHEELS_DIR"/*.whl; do
+    # the wheels whose distribution is not installed at that version (one python call, no pip)
+    todo=$(py - "$MK_WHEELS_DIR"/*.whl <<'PY'
+import sys
+from importlib import metadata
+from pathlib import Path
+for whl in sys.argv[1:]:
+    name, version = Path(whl).name.split("-")[:2]
+    try:
+        if metadata.version(name) == version:
+            print(f"already installed: {Path(whl).name}", file=sys.stderr)
+            continue
+    except metadata.PackageNotFoundError:
+        pass
+    print(whl)
+PY
+)
+    for whl in $todo; do
       if py -m pip install --no-index --find-links "$MK_WHEELS_DIR" "$whl" ||
          py -m pip install --no-index --no-deps "$whl"; then
         ok+=("$(basename "$whl")")
@@ -156,7 +172,7 @@ step_cuda_tests() {
   py -c "import xdist" 2> /dev/null && args+=(-n 8)
   py -c "import pytest_timeout" 2> /dev/null && args+=(--timeout 120)
   # its own limit a little inside the step's, so that the tally below is still written when time runs out
-  inner pytest "$LOGS/pytest.out" 8 py -m pytest "${args[@]}" tests
+  inner pytest "$LOGS/pytest.out" 8 "$PYTHON" -m pytest "${args[@]}" tests
   local rc=$?
   local last bad
   last=$(grep -E "(passed|failed|error|skipped|no tests ran)" "$LOGS/pytest.out" | tail -n 1)

@@ -83,3 +83,20 @@ def test_no_network_plugin_refuses_remote_connects_and_pip_downloads() -> None:
         assert subprocess.run(["true"]).returncode == 0
     finally:
         undo()
+
+
+def test_allowed_skip_reasons_are_the_package_and_model_ones() -> None:
+    """The skip reasons a GPU run accepts (ALLOWED_SKIPS in the script) cover a missing package (importorskip,
+    with or without its own reason) and the offline default model, and not a missing device or build."""
+    m = re.search(r'^ALLOWED_SKIPS="([^"]+)"', SCRIPT.read_text(), re.M)
+    assert m, "ALLOWED_SKIPS not found in scripts/gpu_check.sh"
+    allowed = re.compile(m.group(1))
+    with pytest.raises(pytest.skip.Exception) as missing:
+        pytest.importorskip("no_such_module_here")
+    with pytest.raises(pytest.skip.Exception) as missing_with_reason:
+        pytest.importorskip("no_such_module_here", reason="the gguf package is not installed (pip install gguf)")
+    for reason in (str(missing.value), str(missing_with_reason.value), f"{OFFLINE_REASON}: offline, not fetched"):
+        assert allowed.search(reason), reason
+    for reason in ("no CUDA device (the same kernels run under the emulator: emu-* backends)",
+                   "CUDA kernels not built", "emulated kernels not built (MK_EMU=OFF)", "CPU-only build"):
+        assert not allowed.search(reason), reason
