@@ -155,8 +155,8 @@ def main() -> None:
     bw = copy_bandwidth_gbs(device=dev)
     print(f"{name}: copy bandwidth {bw:.0f} GB/s", flush=True)
     rows: list[list[object]] = []
+    failures: list[str] = []
     context = args.prompt_tokens + args.new_tokens / 2  # mean keys per decode step
-    max_batch = max(batches)
     header = (f"{started}, {name}: HBM copy bandwidth {bw:.0f} GB/s (1 GiB device copy, this run); load average "
               f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}. Random weights built on the device, no "
               f"tokenizer; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens, mean context "
@@ -170,45 +170,63 @@ def main() -> None:
             free = torch.cuda.mem_get_info(torch.device(dev))[0]
             layers = max(1, min(c.n_layers, int(MEMORY_SHARE[kind] * free // layer_bytes(c, kind))))
             c = dataclasses.replace(c, n_layers=layers)
-        t0 = time.perf_counter()
-        model = build(kind, c, dev)
-        if gpu:
-            torch.cuda.synchronize()
-        built = time.perf_counter() - t0
         label = {"mistral": "Mistral-7B-shaped bf16", "mixtral": "Mixtral-8x7B-shaped bf16",
                  "q4k": "Mistral-7B-shaped Q4_K (head Q6_K)"}[kind] + f", {c.n_layers} of 32 layers"
-        print(f"{label}: built in {built:.1f} s", flush=True)
-        blocks = max_batch * (-(-(args.prompt_tokens + args.new_tokens) // BLOCK)) + 8
-        for graphs in (True, False) if gpu else (False,):
-            engine = Engine(model, None, num_blocks=blocks, block_size=BLOCK, max_batch=max_batch,
-                            max_tokens_per_step=max(512, args.prompt_tokens), prefix_caching=False,
-                            enforce_eager=not graphs)
-            decode_rate(engine, c.vocab_size, max_batch, min(16, args.prompt_tokens), 3, seed=99)  # warm-up
-            for b in batches:
-                rate = statistics.median(decode_rate(engine, c.vocab_size, b, args.prompt_tokens, args.new_tokens,
-                                                     seed=b * 10 + r) for r in range(args.repeat))
-                step = batch_step_bytes(model, context, b)
-                roof = b * bw * 1e9 / step.total
-                rows.append([label, "on" if graphs else "off", b, rate, f"{100 * rate / roof:.0f}%",
-                             step.weights / 1e9, step.kv / 1e9, roof])
-                print(" | ".join(str(v) for v in rows[-1]), flush=True)
-            del engine
-            gc.collect()
-        del model
+        try:
+            t0 = time.perf_counter()
+            model = build(kind, c, dev)
+            if gpu:
+                torch.cuda.synchronize()
+            print(f"{label}: built in {time.perf_counter() - t0:.1f} s", flush=True)
+            for graphs in (True, False) if gpu else (False,):
+                try:
+                    rows += measure(model, label, graphs, batches, args, bw, context)
+                except Exception as exc:  # one failing mode: said so, the others still run
+                    failures.append(f"{label}, CUDA graphs {'on' if graphs else 'off'}: {type(exc).__name__}: "
+                                    f"{str(exc)[:300]}")
+                    print(failures[-1], flush=True)
+                gc.collect()
+            del model
+        except Exception as exc:  # the model could not be built
+            failures.append(f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(failures[-1], flush=True)
         gc.collect()
         if gpu:
             torch.cuda.empty_cache()
-        _write(args.out / "gpu_decode.md", header, rows, f"models done: {kind} (of {', '.join(models)})")
-    text = _write(args.out / "gpu_decode.md", header, rows)
+        _write(args.out / "gpu_decode.md", header, rows, [*failures, f"models done: {kind} (of {', '.join(models)})"])
+    text = _write(args.out / "gpu_decode.md", header, rows, failures)
     print("\n" + text)
     print(f"wrote {args.out / 'gpu_decode.md'}")
+    if failures:
+        raise SystemExit(f"{len(failures)} run(s) failed (listed under the table)")
 
 
-def _write(path: Path, header: str, rows: list[list[object]], note: str = "") -> str:
+def measure(model: Model, label: str, graphs: bool, batches: list[int], args: argparse.Namespace, bw: float,
+            context: float) -> list[list[object]]:
+    """The table rows of ``model`` through a fresh engine (CUDA graphs on or off), one per batch size."""
+    c = model.config
+    max_batch = max(batches)
+    blocks = max_batch * (-(-(args.prompt_tokens + args.new_tokens) // BLOCK)) + 8
+    engine = Engine(model, None, num_blocks=blocks, block_size=BLOCK, max_batch=max_batch,
+                    max_tokens_per_step=max(512, args.prompt_tokens), prefix_caching=False, enforce_eager=not graphs)
+    decode_rate(engine, c.vocab_size, max_batch, min(16, args.prompt_tokens), 3, seed=99)  # warm-up
+    rows = []
+    for b in batches:
+        rate = statistics.median(decode_rate(engine, c.vocab_size, b, args.prompt_tokens, args.new_tokens,
+                                             seed=b * 10 + r) for r in range(args.repeat))
+        step = batch_step_bytes(model, context, b)
+        roof = b * bw * 1e9 / step.total
+        rows.append([label, "on" if graphs else "off", b, rate, f"{100 * rate / roof:.0f}%", step.weights / 1e9,
+                     step.kv / 1e9, roof])
+        print(" | ".join(str(v) for v in rows[-1]), flush=True)
+    return rows
+
+
+def _write(path: Path, header: str, rows: list[list[object]], notes: list[str]) -> str:
     """The table so far (rewritten after each model: a run cut short by its time limit keeps what it measured)."""
     table = markdown_table(["model", "CUDA graphs", "batch", "decode tok/s", "% of roofline",
                             "weight GB / step", "KV GB / step", "roofline tok/s"], rows)
-    text = f"{header}\n\n{table}\n" + (f"\n{note}\n" if note else "")
+    text = f"{header}\n\n{table}\n" + "".join(f"\n{n}\n" for n in notes)
     path.write_text(text)
     return text
 

@@ -172,6 +172,7 @@ def main() -> None:
     print(f"{name}: copy bandwidth {bw:.0f} GB/s, L2 {l2 / 1e6:.0f} MB, dense bf16 peak "
           f"{'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}", flush=True)
     notes: list[str] = []
+    failures: list[str] = []
     builders = {"attention": attention_rows, "moe": moe_rows, "quant": quant_rows}
     table_rows: list[list[object]] = []
     peak_text = "unknown for this device" if peak is None else f"{peak:.0f} TFLOP/s (data sheet, by device name)"
@@ -187,9 +188,21 @@ def main() -> None:
             notes.append("quantized rows left out: the gguf package is not installed (bring its wheel)")
             print(notes[-1], flush=True)
             continue
-        for r in builders[part](dev, args.smoke):
-            with ops.device_index_checks(False):  # no host sync inside the timed calls
-                t = flushed_cuda_time(r.fn, flush) if gpu else median_time(r.fn, repeats=5, min_time=0.0)
+        try:
+            part_rows = builders[part](dev, args.smoke)
+        except Exception as exc:  # a part that cannot even be set up: said so, the other parts still run
+            failures.append(f"{part}: setting up failed: {type(exc).__name__}: {exc}")
+            print(failures[-1], flush=True)
+            continue
+        for r in part_rows:
+            try:
+                with ops.device_index_checks(False):  # no host sync inside the timed calls
+                    t = flushed_cuda_time(r.fn, flush) if gpu else median_time(r.fn, repeats=5, min_time=0.0)
+            except Exception as exc:  # one failing kernel: its row says so, the others are still measured
+                failures.append(f"{r.op} {r.shape}: {type(exc).__name__}: {str(exc)[:300]}")
+                table_rows.append([r.op, r.shape, r.bound, "FAILED (below)", "", "", "", "", r.nbytes / 1e6, ""])
+                print(failures[-1], flush=True)
+                continue
             gbs = r.nbytes / t / 1e9
             tflops = r.flops / t / 1e12
             fits = "yes (flushed)" if gpu and r.nbytes <= l2 else ("no" if gpu else "—")
@@ -199,10 +212,13 @@ def main() -> None:
             print(" | ".join(str(v) for v in table_rows[-1]), flush=True)
         if gpu:
             torch.cuda.empty_cache()
-        _write(args.out / "gpu_kernels.md", header, table_rows, notes + [f"parts done: {part} (of {', '.join(parts)})"])
-    text = _write(args.out / "gpu_kernels.md", header, table_rows, notes)
+        _write(args.out / "gpu_kernels.md", header, table_rows,
+               notes + failures + [f"parts done: {part} (of {', '.join(parts)})"])
+    text = _write(args.out / "gpu_kernels.md", header, table_rows, notes + failures)
     print("\n" + text)
     print(f"wrote {args.out / 'gpu_kernels.md'}")
+    if failures:
+        raise SystemExit(f"{len(failures)} case(s) failed (listed in the table)")
 
 
 def _write(path: Path, header: str, rows: list[list[object]], notes: list[str]) -> str:

@@ -399,7 +399,7 @@ commit=$(git -C "$ROOT" rev-parse --short HEAD 2> /dev/null || echo "unknown (no
     if [ "$n" -le 260 ]; then cat "$f"; else head -n 60 "$f"; echo "... ($((n - 260)) lines left out) ..."; tail -n 200 "$f"; fi
     echo
   done
-} | cut -c1-2000 > "$OUT/log.txt"
+} | cut -c1-2000 | head -c 2000000 > "$OUT/log.txt"   # lines and the whole file capped: it must come back
 count=$(find "$OUT" -maxdepth 1 -type f | wc -l)
 if [ "$count" -gt 8 ]; then
   echo "results: $count files in $OUT (at most 8 come back): remove the extra ones" | tee -a "$OUT/summary.md" >&2
