@@ -1,18 +1,10 @@
-"""Checkpoint formats: which one a path holds, its files, and a reader over its tensors.
+"""A checkpoint's files, each opened once: what a path is (:class:`Probe`) and its tensors (:class:`TensorSource`).
 
-The format is decided by what the path contains (docs/design.md §6), never by model-family names:
-
-==================  =============================================  ===========
-format              detected by                                    config
-==================  =============================================  ===========
-``hf``              directory with ``config.json`` + safetensors   config.json
-``consolidated``    directory with ``params.json`` +               params.json
-                    ``consolidated*.safetensors``
-``gguf``            file starting with the bytes ``GGUF``          metadata
-==================  =============================================  ===========
-
-:func:`mistral_kernels.config.load_config` reads the config of each format; :func:`open_tensors` gives the
-tensors under the file's own names (renaming and fusing happen in :mod:`mistral_kernels.weights`).
+:class:`Probe` opens a regular file once and reads its first bytes, so that formats can be detected by
+content (docs/design.md §6) without opening the file again: the format that claims the file takes the
+descriptor over (:meth:`Probe.take_fd`) and reads its header and data through it. :class:`TensorSource`
+holds one descriptor per file (safetensors shards are opened once, header and data alike); memory maps
+are made from those descriptors.
 """
 
 from __future__ import annotations
@@ -26,15 +18,55 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
-from .gguf_metadata import read_gguf_header
-from .tensor_io import (Index, TensorInfo, gguf_tensors, map_packed, map_tensors, read_into, read_packed,
+from ..errors import CheckpointError
+from .tensor_io import (Index, TensorInfo, map_packed, map_tensors, private_map, read_into, read_packed,
                         safetensors_tensors, selected_shape)
 
-__all__ = ["FORMATS", "CheckpointError", "Index", "TensorInfo", "TensorSource", "detect_format", "open_tensors",
-           "read_json"]
+__all__ = ["Probe", "TensorSource", "open_fd", "read_json", "safetensors_source"]
 
-FORMATS = ("hf", "consolidated", "gguf")
+MAGIC_BYTES = 8  # first bytes of a file read by the probe (GGUF's magic is 4)
+
+
+def open_fd(path: Path) -> int:
+    """A read-only descriptor of ``path``; CheckpointError naming it when it cannot be opened."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot open: {e}") from e
+
+
+class Probe:
+    """What ``path`` is, looked at once: a directory, or a regular file opened with its first bytes read.
+
+    Formats decide from ``is_dir`` / ``magic`` (never from names). The format that reads the file takes the
+    descriptor (:meth:`take_fd`); :meth:`close` closes it unless taken.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.is_dir = self.path.is_dir()
+        self.is_file = not self.is_dir and self.path.is_file()
+        self._fd: int | None = None
+        self.magic = b""
+        if self.is_file:
+            self._fd = open_fd(self.path)
+            try:
+                self.magic = os.pread(self._fd, MAGIC_BYTES, 0)
+            except OSError as e:
+                self.close()
+                raise CheckpointError(f"{self.path}: cannot read: {e}") from e
+
+    def take_fd(self) -> int:
+        """The open descriptor of the file, now owned by the caller."""
+        if self._fd is None:
+            raise ValueError(f"Probe.take_fd: {self.path} is not an open file")
+        fd, self._fd = self._fd, None
+        return fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclass
@@ -44,38 +76,45 @@ class TensorSource:
     ``read_into(name, out, index=None)`` fills ``out`` with the tensor (or the part ``index`` selects) in
     ``out``'s dtype and device; ``read(name, index=None)`` returns a new tensor of the stored dtype (fp32 for
     GGUF quantized types); ``map(names, dtype)`` views tensors stored back to back in ``dtype`` through a
-    private memory map (:func:`mistral_kernels.tensor_io.map_tensors`), or gives None; ``map_packed(names)`` /
-    ``read_packed(name, out)`` give GGUF quantized tensors' stored blocks as bytes. Use as a context
-    manager, or call :meth:`close`: it holds the files open (maps live on in the tensors viewing them).
+    private memory map (:func:`mistral_kernels.checkpoint.tensor_io.map_tensors`), or gives None;
+    ``map_packed(names)`` / ``read_packed(name, out)`` give GGUF quantized tensors' stored blocks as bytes.
+    ``fds`` are the files' descriptors, opened once (by :class:`Probe` or :func:`safetensors_source`) and
+    closed by :meth:`close` (maps live on in the tensors viewing them).
     """
 
     tensors: dict[str, TensorInfo]
-    _fds: dict[Path, int] = field(default_factory=dict)
+    fds: dict[Path, int] = field(default_factory=dict)
     _maps: dict[Path, mmap.mmap] = field(default_factory=dict)
+    _closed: bool = False
 
     def map(self, names: list[str], dtype: torch.dtype) -> torch.Tensor | None:
         try:
-            return map_tensors([self.tensors[n] for n in names], dtype, self._maps)
+            return map_tensors([self.tensors[n] for n in names], dtype, self._map_of)
         except OSError as e:
             raise CheckpointError(f"{self.tensors[names[0]].file}: cannot map: {e}") from e
 
     def map_packed(self, names: list[str]) -> torch.Tensor | None:
         try:
-            return map_packed([self.tensors[n] for n in names], self._maps)
+            return map_packed([self.tensors[n] for n in names], self._map_of)
         except OSError as e:
             raise CheckpointError(f"{self.tensors[names[0]].file}: cannot map: {e}") from e
 
     def read_packed(self, name: str, out: torch.Tensor) -> None:
-        read_packed(self._fd(self.tensors[name]), self.tensors[name], out)
+        read_packed(self._fd(self.tensors[name].file), self.tensors[name], out)
 
-    def _fd(self, info: TensorInfo) -> int:
-        fd = self._fds.get(info.file)
-        if fd is None:
-            try:
-                fd = self._fds[info.file] = os.open(info.file, os.O_RDONLY)
-            except OSError as e:
-                raise CheckpointError(f"{info.file}: cannot open: {e}") from e
+    def _fd(self, file: Path) -> int:
+        if self._closed:
+            raise CheckpointError(f"{file}: the checkpoint is closed; open it again to read tensors")
+        fd = self.fds.get(file)
+        if fd is None:  # a source built from infos alone (tests): open on first use, once
+            fd = self.fds[file] = open_fd(file)
         return fd
+
+    def _map_of(self, file: Path) -> mmap.mmap:
+        m = self._maps.get(file)
+        if m is None:
+            m = self._maps[file] = private_map(self._fd(file))
+        return m
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -83,7 +122,7 @@ class TensorSource:
 
     def read_into(self, name: str, out: torch.Tensor, index: Index | None = None) -> None:
         info = self.tensors[name]
-        read_into(self._fd(info), info, out, index)
+        read_into(self._fd(info.file), info, out, index)
 
     def read(self, name: str, index: Index | None = None) -> torch.Tensor:
         info = self.tensors[name]
@@ -92,49 +131,17 @@ class TensorSource:
         return out
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        for fd in self.fds.values():
             os.close(fd)
-        self._fds.clear()
+        self.fds.clear()
         self._maps.clear()  # dropped, not closed: the weights viewing a map keep it
+        self._closed = True
 
     def __enter__(self) -> TensorSource:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def detect_format(path: str | Path) -> str:
-    """``"hf"``, ``"consolidated"`` or ``"gguf"`` from what ``path`` contains (see module docstring).
-
-    Raises
-    ------
-    CheckpointError
-        The path does not exist, is not a regular file or directory, or holds none of the formats (the
-        message lists what it found).
-    """
-    p = Path(path)
-    if p.is_file():
-        try:
-            with p.open("rb") as f:
-                magic = f.read(4)
-        except OSError as e:
-            raise CheckpointError(f"{p}: cannot read: {e}") from e
-        if magic == b"GGUF":
-            return "gguf"
-        raise CheckpointError(f"{p} is a file but not a GGUF file (no 'GGUF' magic); pass a .gguf file or a "
-                              "checkpoint directory")
-    if not p.is_dir():
-        if p.exists():
-            raise CheckpointError(f"checkpoint path {p} is not a regular file or a directory")
-        raise CheckpointError(f"checkpoint path {p} does not exist")
-    if (p / "config.json").is_file() and _hf_files(p):
-        return "hf"
-    if (p / "params.json").is_file() and _consolidated_files(p):
-        return "consolidated"
-    raise CheckpointError(
-        f"{p}: not a checkpoint directory — expected config.json + *.safetensors (HF) or params.json + "
-        f"consolidated*.safetensors (Mistral); found {sorted(q.name for q in p.iterdir())[:20]}")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -154,53 +161,26 @@ def read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def open_tensors(path: str | Path, fmt: str) -> TensorSource:
-    """The tensors of the checkpoint at ``path`` in format ``fmt`` (from :func:`detect_format`).
+def safetensors_source(files: list[Path]) -> TensorSource:
+    """The tensors of safetensors shards, each file opened once (header and data through one descriptor).
 
     Raises
     ------
     CheckpointError
-        A header is corrupt (see :mod:`mistral_kernels.tensor_io`), a shard is missing, or the same tensor
-        name appears in two shards.
+        A shard is missing or its header corrupt, or the same tensor name appears in two shards.
     """
-    p = Path(path)
-    if fmt == "hf":
-        return _safetensors_source(_hf_files(p))
-    if fmt == "consolidated":
-        return _safetensors_source(_consolidated_files(p))
-    if fmt == "gguf":
-        return TensorSource(gguf_tensors(p, read_gguf_header(p)))
-    raise ValueError(f"open_tensors: fmt must be one of {FORMATS}, got {fmt!r}")
-
-
-def _hf_files(p: Path) -> list[Path]:
-    """The safetensors files of an HF directory: those the index names (inside the directory), else all."""
-    index = p / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-            raise CheckpointError(f"{index}: 'weight_map' must be an object of tensor name → file name")
-        files = []
-        for name in sorted(set(weight_map.values())):
-            parts = Path(os.path.normpath(name)).parts  # lexical: shards may be symlinks (the HF hub cache)
-            if not parts or Path(name).is_absolute() or parts[0] == "..":
-                raise CheckpointError(f"{index}: weight_map file {name!r} is outside the checkpoint directory {p}")
-            files.append(p / name)
-        return files
-    return [f for f in sorted(p.glob("*.safetensors")) if not f.name.startswith("consolidated")]
-
-
-def _consolidated_files(p: Path) -> list[Path]:
-    return sorted(p.glob("consolidated*.safetensors"))
-
-
-def _safetensors_source(files: list[Path]) -> TensorSource:
-    tensors: dict[str, TensorInfo] = {}
-    for file in files:
-        if not file.is_file():
-            raise CheckpointError(f"safetensors shard {file} is missing")
-        for name, info in safetensors_tensors(file).items():
-            if name in tensors:
-                raise CheckpointError(f"tensor {name!r} is in two shards: {tensors[name].file.name} and {file.name}")
-            tensors[name] = info
-    return TensorSource(tensors)
+    source = TensorSource({})
+    try:
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(f"safetensors shard {file} is missing")
+            fd = source.fds[file] = open_fd(file)
+            for name, info in safetensors_tensors(fd, file).items():
+                if name in source.tensors:
+                    raise CheckpointError(f"tensor {name!r} is in two shards: {source.tensors[name].file.name} and "
+                                          f"{file.name}")
+                source.tensors[name] = info
+    except BaseException:
+        source.close()
+        raise
+    return source
