@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import mistral_kernels
-from mistral_kernels.checkpoint import Checkpoint, load_checkpoint, load_config
+from mistral_kernels.checkpoint import Checkpoint, CheckpointError, load_checkpoint, load_config
 from mistral_kernels.checkpoint import gguf_header
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.tokenization import load_tokenizer
@@ -147,3 +147,14 @@ def test_safetensors_shards_are_opened_once(tmp_path: Path, count_reads: Callabl
         ckpt.load("cpu", torch.float32)  # converted: read through the descriptors
         ckpt.load("cpu")                 # stored dtype: memory maps of the same descriptors
     assert [c.opens for c in counts] == [1, 1]
+
+
+def test_weights_outlive_the_checkpoint_and_a_closed_one_says_so(gguf_path: Path) -> None:
+    with Checkpoint.open(gguf_path) as ckpt:
+        weights = ckpt.load("cpu")
+    # the packed blocks, mapped from the now closed file, are the file's bytes (read by the gguf package)
+    stored = {t.name: t.data for t in gguf.GGUFReader(gguf_path).tensors}
+    wq = torch.from_numpy(stored["blk.0.attn_q.weight"].copy()).view(torch.uint8).flatten()
+    assert torch.equal(weights["layers.0.qkv"].parts[0].qweight.flatten()[:wq.numel()], wq)
+    with pytest.raises(CheckpointError, match="closed; open it again"):
+        ckpt.load("cpu")
