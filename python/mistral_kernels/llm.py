@@ -40,8 +40,8 @@ class LLM:
         opened once (:meth:`Checkpoint.open`): config, dtype, footprint, weights and a GGUF's tokenizer all
         come from that one read.
     device, dtype : where and in which dtype the weights and the KV cache live; ``dtype=None`` (default) is
-        the checkpoint's own (:meth:`mistral_kernels.checkpoint.Checkpoint.default_dtype`; fp16 → bf16 on the
-        CPU). An explicit ``torch.float16`` runs on the CPU too (fp16 storage, fp32 math: code written for a GPU runs unchanged).
+        the checkpoint's own (:meth:`Checkpoint.default_dtype`; fp16 → bf16 on the CPU). An explicit
+        ``torch.float16`` runs on the CPU too (fp16 storage, fp32 math: code written for a GPU runs unchanged).
     max_batch : most sequences decoded together.
     block_size : KV cache block size (tokens, a power of two).
     num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (cache.default_num_blocks).

@@ -37,7 +37,6 @@ from .hf import HF
 from .naming import Entry, ShardFn, check, expected_shapes, full_index, rename
 from .packing import PackingPlan, check_quantize, packing_plan, quantize_fused, stored_dtype
 from .source import Probe, TensorSource
-from .tensor_io import TensorInfo
 
 __all__ = ["FORMATS", "Checkpoint", "QuantizedFallbackWarning", "load_checkpoint", "load_config", "opened"]
 
@@ -106,10 +105,6 @@ class Checkpoint:
             check(self.path, self.format, entries, unexpected, self.config)
             self._entries = {name: entries[name] for name in expected_shapes(self.config)}
         return self._entries
-
-    def stored_tensors(self) -> dict[str, tuple[TensorInfo, ...]]:
-        """Canonical name → the file tensors it is read from (checked as :meth:`load` checks them)."""
-        return {name: e.stored for name, e in self.entries().items()}
 
     def checkpoint_dtype(self) -> torch.dtype:
         """The checkpoint's own dtype (module docstring): the one its config states, else the dtype holding most
