@@ -31,6 +31,8 @@ from mistral_kernels.ops.reference import dequantize
 from .conftest import Backend
 from .quant_data import FORMATS, random_qweight
 
+gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (the test extra: pip install gguf)")
+
 UNIT = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 # (M, offsets over G experts): expected rows per expert ≤ 8 → the grouped GEMV (MR 2 here), above → the tile
 # GEMM; empty experts; rows 0 and 5 of the second layout lie in no segment (→ 0); the third mixes a 3-row and
@@ -114,7 +116,7 @@ def test_every_format_matches_reference(backend: Backend, name: str) -> None:
                 check(backend, name, dtype, m, offsets, gated, seed=10 * i + gated)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "emu-random"], indirect=True)
+@pytest.mark.parametrize("backend", ["cpu", "emu-random", "cuda"], indirect=True)
 def test_decode_row_counts_and_large_k(backend: Backend) -> None:
     """Expected rows per expert 1, 4, 8 (GEMV MR 1 / 4 / 8, several slots per expert) and K over several x chunks."""
     for m, offsets in [(2, [0, 1, 1, 2]), (12, [0, 7, 7, 12]), (16, [0, 9, 16])]:
@@ -123,7 +125,7 @@ def test_decode_row_counts_and_large_k(backend: Backend) -> None:
     check(backend, "Q4_1", torch.bfloat16, 8, [0, 3, 8], True, seed=4, k=1280)  # two x chunks (KC 1024 at MR 4)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "emu-random"], indirect=True)
+@pytest.mark.parametrize("backend", ["cpu", "emu-random", "cuda"], indirect=True)
 def test_packed_moe_block_matches_fused_reference(backend: Backend) -> None:
     """The whole sparse MoE block on packed experts (router, permute, moe_qgemm, unpermute) vs reference.fused_moe
     on the dequantized experts, fp32: gate | up fused (one format) and unfused (w3 in another format)."""
@@ -136,12 +138,13 @@ def test_packed_moe_block_matches_fused_reference(backend: Backend) -> None:
 
     def packed(name: str, n: int, k: int, seed: int) -> QuantizedWeight:
         q, s = _stack(name, e, n, k, seed)
-        return QuantizedWeight(q, QFORMATS[name].qtype, (e, n, k), s)
+        return QuantizedWeight(q, QFORMATS[name].qtype, (e, n, k), s).to(backend.device)
 
     for w3_format in ("Q8_0", "Q4_0"):
         w1, w3, w2 = packed("Q8_0", i, h, 1), packed(w3_format, i, h, 11), packed("Q8_0", h, i, 21)
-        got = packed_moe(backend.ops, x, gate, w1, w2, w3, top_k=2)
-        want = reference.fused_moe(x, gate, w1.dequantize(), w2.dequantize(), w3.dequantize(), top_k=2)
+        dev = backend.device
+        got = packed_moe(backend.ops, x.to(dev), gate.to(dev), w1, w2, w3, top_k=2).cpu()
+        want = reference.fused_moe(x, gate, *(w.to("cpu").dequantize() for w in (w1, w2, w3)), top_k=2)
         torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=0)
 
 

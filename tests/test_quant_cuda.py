@@ -1,5 +1,7 @@
 """The CUDA qlinear kernels (csrc/kernels/quant_gemv.cuh for M ≤ 8, quant_gemm.cuh above) under the SIMT
-emulator, every schedule, against reference.qlinear (the gguf package's dequantization + an fp32 matmul).
+emulator, every schedule, and on a real GPU (the ``cuda`` backend: skipped without one), against
+reference.qlinear (the gguf package's dequantization + an fp32 matmul); ``ops.linear`` on packed weights
+(QuantizedWeight / FusedWeight, the model's path) on a GPU too.
 
 Shape letters: M rows (tokens), K in features, N out features.
 
@@ -20,7 +22,10 @@ from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
 
 from .conftest import Backend
 
+gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (the test extra: pip install gguf)")
+
 EMU = ["emu-forward", "emu-reverse", "emu-random"]
+KERNELS = [*EMU, "cuda"]  # every backend that runs the CUDA kernels
 BLOCK_FORMATS = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 # byte offsets of the fp16 scale fields (d, dmin / m) inside a block
 SCALE_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
@@ -54,14 +59,15 @@ def check(backend: Backend, name: str, dtype: torch.dtype, m: int, n: int, k: in
     qweight, scales = packed_weight(name, n, k, seed)
     qtype = QFORMATS[name].qtype
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype)
-    got = backend.ops.qlinear(x, qweight, qtype, scales)
+    dev = backend.device
+    got = backend.ops.qlinear(x.to(dev), qweight.to(dev), qtype, None if scales is None else scales.to(dev)).cpu()
     want = reference.qlinear(x.float(), qweight, qtype, scales)
     assert got.dtype == dtype and got.shape == (m, n)
     scale = want.abs().max().item()
     torch.testing.assert_close(got.float(), want, rtol=0, atol=REL_TOL[dtype] * scale)
 
 
-@pytest.mark.parametrize("backend", EMU, indirect=True)
+@pytest.mark.parametrize("backend", KERNELS, indirect=True)
 @pytest.mark.parametrize("name", [*BLOCK_FORMATS, "INT8_ROWWISE"])
 @pytest.mark.parametrize("m", [1, 3, 17, 40])
 def test_every_format_matches_gguf(backend: Backend, name: str, m: int) -> None:
@@ -71,7 +77,7 @@ def test_every_format_matches_gguf(backend: Backend, name: str, m: int) -> None:
         check(backend, name, dtype, m, 13, 512)
 
 
-@pytest.mark.parametrize("backend", ["emu-random"], indirect=True)
+@pytest.mark.parametrize("backend", ["emu-random", "cuda"], indirect=True)
 @pytest.mark.parametrize(("name", "m", "n", "k"), [
     ("Q4_0", 2, 5, 32),          # one block: the GEMV's x chunk partial
     ("Q4_0", 9, 5, 32),          # one block: the GEMM's K tile is half empty
@@ -86,33 +92,60 @@ def test_tails_and_chunks(backend: Backend, name: str, m: int, n: int, k: int) -
         check(backend, name, dtype, m, n, k, seed=m + n + k)
 
 
-@pytest.mark.parametrize("backend", ["emu-forward"], indirect=True)
+@pytest.mark.parametrize("backend", ["emu-forward", "cuda"], indirect=True)
 def test_misaligned_qweight_view_and_leading_dims(backend: Backend) -> None:
     qweight, _ = packed_weight("Q4_K", 6, 256)
-    storage = torch.zeros(qweight.numel() + 2, dtype=torch.uint8)
+    storage = torch.zeros(qweight.numel() + 2, dtype=torch.uint8, device=backend.device)
     view = storage[2:].view(qweight.shape)  # 2-byte offset: the glue copies it for the 4-byte unit loads
     view.copy_(qweight)
     x = torch.randn(2, 3, 256).to(torch.bfloat16)
-    got = backend.ops.qlinear(x, view, QFORMATS["Q4_K"].qtype)
+    got = backend.ops.qlinear(x.to(backend.device), view, QFORMATS["Q4_K"].qtype).cpu()
     want = reference.qlinear(x.float(), qweight, QFORMATS["Q4_K"].qtype)
     assert got.shape == (2, 3, 6)
     torch.testing.assert_close(got.float(), want, rtol=0, atol=REL_TOL[torch.bfloat16] * want.abs().max().item())
 
 
-@pytest.mark.parametrize("backend", ["emu-forward"], indirect=True)
+@pytest.mark.parametrize("backend", ["emu-forward", "cuda"], indirect=True)
 def test_bad_inputs_raise(backend: Backend) -> None:
     q4k = QFORMATS["Q4_K"].qtype
+    dev = backend.device
     qweight, _ = packed_weight("Q4_K", 4, 256)
-    x = torch.randn(1, 256)
+    qweight = qweight.to(dev)
+    x = torch.randn(1, 256, device=dev)
     with pytest.raises(RuntimeError, match="qtype 7 has no native kernel"):
         backend.ops.qlinear(x, qweight, 7)
     with pytest.raises(RuntimeError, match="K = x.shape\\[1\\] = 128 must be a multiple of 256"):
-        backend.ops.qlinear(torch.randn(1, 128), qweight, q4k)
+        backend.ops.qlinear(torch.randn(1, 128, device=dev), qweight, q4k)
     with pytest.raises(RuntimeError, match="qweight"):
         backend.ops.qlinear(x, qweight[:, :100].contiguous(), q4k)
     with pytest.raises(RuntimeError, match="scales must be None"):
-        backend.ops.qlinear(x, qweight, q4k, torch.ones(4))
+        backend.ops.qlinear(x, qweight, q4k, torch.ones(4, device=dev))
     with pytest.raises(RuntimeError, match="scales"):
-        backend.ops.qlinear(x, torch.zeros(4, 256, dtype=torch.int8), INT8_ROWWISE)
+        backend.ops.qlinear(x, torch.zeros(4, 256, dtype=torch.int8, device=dev), INT8_ROWWISE)
     with pytest.raises(RuntimeError, match="x"):
         backend.ops.qlinear(x.to(torch.int32), qweight, q4k)
+
+
+@pytest.mark.parametrize("backend", ["cuda"], indirect=True)
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_ops_linear_on_packed_weights(backend: Backend, m: int) -> None:
+    """The model's path: ops.linear on a QuantizedWeight and on a FusedWeight of two formats (a Q4_K_M qkv: Q4_K
+    rows then Q6_K rows) dispatches to qlinear on the device, outputs concatenated, against the reference."""
+    from mistral_kernels import ops
+    from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
+
+    dev = backend.device
+    q4, _ = packed_weight("Q4_K", 24, 512, seed=1)
+    q6, _ = packed_weight("Q6_K", 8, 512, seed=2)
+    parts = (QuantizedWeight(q4.to(dev), QFORMATS["Q4_K"].qtype, (24, 512)),
+             QuantizedWeight(q6.to(dev), QFORMATS["Q6_K"].qtype, (8, 512)))
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    want = torch.cat([reference.qlinear(x.float(), q4, QFORMATS["Q4_K"].qtype),
+                      reference.qlinear(x.float(), q6, QFORMATS["Q6_K"].qtype)], dim=-1)
+    tol = REL_TOL[torch.bfloat16] * want.abs().max().item()
+    single = ops.linear(x.to(dev), parts[0])
+    assert single.device.type == "cuda" and single.shape == (m, 24)
+    torch.testing.assert_close(single.cpu().float(), want[:, :24], rtol=0, atol=tol)
+    fused = ops.linear(x.to(dev), FusedWeight(parts))
+    assert fused.shape == (m, 32)
+    torch.testing.assert_close(fused.cpu().float(), want, rtol=0, atol=tol)

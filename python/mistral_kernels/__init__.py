@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 from . import ops, reference  # noqa: E402  (ops needs the library loaded above)
 from .config import ModelConfig  # noqa: E402
+from .checkpoint import Checkpoint  # noqa: E402
 from .model import Model  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .tokenization import Tokenizer, load_tokenizer  # noqa: E402
@@ -22,6 +23,7 @@ from .sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [
     "CPU_ISA_LEVELS",
+    "Checkpoint",
     "EngineArgs",
     "LLM",
     "Model",

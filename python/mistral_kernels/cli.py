@@ -27,6 +27,7 @@ from .engine_args import EngineArgs, torch_dtype
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from .checkpoint import Checkpoint
     from .engine import Completion, Engine
     from .parallel import ParallelContext
 
@@ -234,14 +235,22 @@ def _info(args: argparse.Namespace) -> int:
         path = default_model_path()
     else:
         path = Path(args.model)
-    from .config import load_config
-    from .weight_footprint import weight_footprint
-    from .weights import default_dtype
+    from .checkpoint import Checkpoint
 
     try:
-        c = load_config(path)
-        dtype = torch_dtype(args.dtype) or default_dtype(path)
+        ckpt = Checkpoint.open(path)
     except (ValueError, FileNotFoundError) as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    with ckpt:
+        return _print_info(args, ckpt)
+
+
+def _print_info(args: argparse.Namespace, ckpt: Checkpoint) -> int:
+    path, c = ckpt.path, ckpt.config
+    try:
+        dtype = torch_dtype(args.dtype) or ckpt.default_dtype()
+    except ValueError as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2
     elem = dtype.itemsize
@@ -253,7 +262,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"parameters: total {total:,} ({total / 1e9:.3f} B), active per token {active:,} ({active / 1e9:.3f} B)")
     name = str(dtype).removeprefix("torch.")
     try:
-        footprint = weight_footprint(path, dtype, quantized=not args.dequantize, quantize=args.quantize)
+        footprint = ckpt.footprint(dtype, quantized=not args.dequantize, quantize=args.quantize)
     except ValueError as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2

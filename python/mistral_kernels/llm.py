@@ -20,15 +20,13 @@ from typing import Any
 import torch
 
 from .cache import default_num_blocks
-from .config import load_config
+from .checkpoint import Checkpoint
 from .engine import Completion, Engine
 from .loading import load_model
 from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
 from .sampling_params import SamplingParams, sampling_params
 from .tokenization import Message, Tokenizer, load_tokenizer
-from .weight_footprint import weight_footprint
-from .weights import default_dtype, detect_format
 
 __all__ = ["LLM"]
 
@@ -38,10 +36,13 @@ class LLM:
 
     Parameters
     ----------
-    path : str, Path or None
-        HF directory, Mistral consolidated directory or ``.gguf`` file; None = the default model.
+    path : str, Path, Checkpoint or None
+        HF directory, Mistral consolidated directory or ``.gguf`` file, or an open
+        :class:`~mistral_kernels.checkpoint.Checkpoint` (left open); None = the default model. A path is
+        opened once (:meth:`Checkpoint.open`): config, dtype, footprint, weights and a GGUF's tokenizer all
+        come from that one read.
     device, dtype : where and in which dtype the weights and the KV cache live; ``dtype=None`` (default) is
-        the checkpoint's own (:func:`mistral_kernels.weights.default_dtype`; fp16 → bf16 on the CPU). An explicit
+        the checkpoint's own (:meth:`Checkpoint.default_dtype`; fp16 → bf16 on the CPU). An explicit
         ``torch.float16`` runs on the CPU too (fp16 storage, fp32 math: code written for a GPU runs unchanged).
     max_batch : most sequences decoded together.
     block_size : KV cache block size (tokens, a power of two).
@@ -60,7 +61,7 @@ class LLM:
         consolidated or GGUF checkpoints). None (default): keep the checkpoint's weights.
     """
 
-    def __init__(self, path: str | Path | None = None, *, device: str | torch.device = "cpu",
+    def __init__(self, path: str | Path | Checkpoint | None = None, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | None = None, max_batch: int = 8, block_size: int = 16,
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
@@ -71,23 +72,26 @@ class LLM:
 
             path = default_model_path()
         t0 = time.perf_counter()
-        self.path = Path(path)
-        if dtype is None:
-            dtype = default_dtype(self.path, device)
-        if parallel is None:  # warn before loading rather than be killed while loading
-            config = load_config(self.path)
-            if num_blocks is not None:  # an impossible pool fails before the weights load
-                check_kv_pool(config, dtype, device, num_blocks, block_size)
-            blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
-            packed = quantize is not None or (quantized and detect_format(self.path) == "gguf")
-            weights = weight_footprint(self.path, dtype, quantized=quantized, quantize=quantize).bytes \
-                if packed else None  # dense: parameters × dtype size, no second header read
-            warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=weights)
-            if warning is not None:
-                warnings.warn(warning, MemoryWarning, stacklevel=2)
-        self.model = load_model(self.path, device=device, dtype=dtype, progress=progress, parallel=parallel,
-                                quantized=quantized, quantize=quantize)
-        self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else self.path)
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
+        try:
+            self.path = ckpt.path
+            if dtype is None:
+                dtype = ckpt.default_dtype(device)
+            if parallel is None:  # warn before loading rather than be killed while loading
+                config = ckpt.config
+                if num_blocks is not None:  # an impossible pool fails before the weights load
+                    check_kv_pool(config, dtype, device, num_blocks, block_size)
+                blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
+                weights = ckpt.footprint(dtype, quantized=quantized, quantize=quantize).bytes
+                warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=weights)
+                if warning is not None:
+                    warnings.warn(warning, MemoryWarning, stacklevel=2)
+            self.model = load_model(ckpt, device=device, dtype=dtype, progress=progress, parallel=parallel,
+                                    quantized=quantized, quantize=quantize)
+            self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else ckpt)
+        finally:
+            if ckpt is not path:
+                ckpt.close()
         self.load_seconds = time.perf_counter() - t0
         if num_blocks is None:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
