@@ -122,7 +122,7 @@ def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int,
     (["--prompts-file", "/dev/zero"], "is not a regular file"),
     (["--prompt", "\udcffhi"], "--prompt is not valid UTF-8 (byte 0xff"),  # how Python decodes a bad argv
     (["--prompt", "hi", "--num-blocks", str(10**12)], "num_blocks (--num-blocks) = 1000000000000 blocks"),
-    (["--prompt", "hi", "--seed", str(2**70)], "argument --seed: must be in [0, 2**63 - 1]"),
+    (["--prompt", "hi", "--seed", str(2**70)], "argument --seed: seed must be in [-9223372036854775808, "),
     (["--prompt", "hi", "--temperature", "-1"], "--temperature: temperature must be ≥ 0"),
     (["--prompt", "hi", "--model", "ZERO_HEADS"], "n_heads"),
 ])

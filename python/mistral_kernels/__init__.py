@@ -18,10 +18,13 @@ from .model import Model  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .tokenization import Tokenizer, load_tokenizer  # noqa: E402
 from .llm import LLM  # noqa: E402
+from .engine_args import EngineArgs  # noqa: E402
+from .sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [
     "CPU_ISA_LEVELS",
     "Checkpoint",
+    "EngineArgs",
     "LLM",
     "Model",
     "ModelConfig",
@@ -36,5 +39,6 @@ __all__ = [
     "Tokenizer",
     "ops",
     "reference",
+    "SamplingParams",
     "set_cpu_isa",
 ]
