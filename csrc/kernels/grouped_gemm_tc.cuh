@@ -51,12 +51,13 @@
 // Budgets (MIN_BLOCKS, __launch_bounds__): decode 3 blocks/SM (≤ 170 registers; 3 × 45 KiB smem on A100),
 // medium 3 (≤ 170; 3 × 45 KiB), prefill 2 (≤ 128 registers at 256 threads; 2 × 60 KiB; on sm_86 / sm_89,
 // 100 KiB of shared memory per SM, one prefill block resides). nvcc 13, fp16 and
-// bf16 alike, plain / gated: sm_80 decode 70 / 80, medium 156 / 164, prefill 124 / 124 registers; sm_90 72 / 82,
-// 156 / 162, 124 / 124; 0 spills — checked by tests/test_nvcc_ptxas.py (no spills, the promised blocks per SM).
+// bf16 alike, plain / gated: sm_80 decode 57 / 60, medium 145 / 146, prefill 123 / 124 registers; sm_90 57 / 60,
+// 145 / 146, 127 / 128; 0 spills — checked by tests/test_nvcc_ptxas.py (no spills, the promised blocks per SM).
 //
 // Steady-state k-loop (sm_90 SASS, nvcc 13, bf16, instructions per k-tile per warp; before → after the
 // precomputed addressing): prefill 300 → 118 (32 HMMA: 10.7 → 27 % of the instructions; address / predicate
-// integer ops 198 → 56), medium 435 → 132 (32 HMMA), decode 312 → 181 per two k-tiles (16 HMMA). The rest per
+// integer ops 198 → 56; sm_80: 111), medium 435 → 132 (32 HMMA), decode 312 → ~90 (8 HMMA; 181 per two k-tiles, which the compiler unrolls).
+// The rest per
 // prefill k-tile: 12 ldmatrix.x4, 4 cp.async, the wait / barrier / commit, stage rotation. HMMA.16816 occupies
 // its tensor pipe for several issue slots, so at 27 % of the instructions the loop is tensor-bound, not
 // issue-bound (the issue-share metric of scripts/sass_budget.py weighs this).

@@ -21,8 +21,9 @@
 //     same weight rows are resident together and share them through L2. Gated: a block decodes the gate rows
 //     c0, c0+1 and the up rows c0, c0+1 (4 weight rows, as the plain GEMV) and writes silu(gate)·up for its 2
 //     columns: w1 | w3 is ONE launch, h13 [M, 2I] is never written.
-//   moe_qgemm_kernel (many rows per expert: prefill): quant_gemm_tile of quant_gemm.cuh (64 × 64 tiles, W
-//     tiles dequantized into shared memory, mma.sync for fp16 / bf16). Grid (slots of 64 rows, N-tiles).
+//   moe_qgemm_kernel (many rows per expert: prefill; for fp16 / bf16 up to 64 per expert, see below):
+//     quant_gemm_tile of quant_gemm.cuh (64 × 64 tiles, W tiles dequantized into shared memory, mma.sync for
+//     fp16 / bf16). Grid (slots of 64 rows, N-tiles).
 //     Gated runs as two plain launches into h13 halves + silu_and_mul (the glue): the gate and up
 //     accumulators of a column would sit in different warps of the tile; at prefill sizes the h13 round trip is
 //     a small share of the GEMM.
@@ -36,9 +37,10 @@
 // at H100's 3.35 TB/s, 99 µs at A100's 2.0 TB/s; the GEMV body's estimate applies (quant_gemv.cuh: int8 path 75–85 % of
 // HBM bandwidth at MR = 1, 50–70 % at MR = 8). Grid at T = 1:
 // w1 | w3 I / 2 = 7168 column blocks × 2 working slots; w2 H / 4 = 1024 column blocks × 2 working slots.
-// Prefill: the quant_gemm.cuh tile (issue-bound on the W decode, an estimated 5–10 % of the mma.sync peak): the
-// dense path's dequantize-once + GEMM would need all G experts' weights dequantized per call (G·N·K·2 B) and a
-// grouped tensor-core GEMM over them (grouped_gemm_tc.cuh) — not done here.
+// Prefill: the quant_gemm.cuh tile (issue-bound on the W decode, an estimated 5–10 % of the mma.sync peak)
+// serves fp32 and 8 < rows per expert ≤ 64; above, for fp16 / bf16, the glue (glue/moe_quant.h,
+// moe_dequant_tc) dequantizes every expert once (G·N·K elements of T per projection, written and read back
+// once) and runs the tensor-core grouped GEMM of grouped_gemm_tc.cuh (gated: SwiGLU in its epilogue).
 // Registers and spills: the same bodies as quant_gemv / quant_gemm; tests/test_nvcc_ptxas.py checks them.
 #pragma once
 

@@ -14,15 +14,17 @@
 // (kQ8Lanes<QT>) and dotting the codes with the int8 x by dp4a; scales and mins enter once per 16 elements;
 // warp-shuffle sum, one shared-memory exchange for the 4 rows (and the gated SwiGLU). The weight bytes are read
 // once with 16-byte (Q4_K / Q5_K) or aligned 4-byte loads; x (M·K + M·K/2 bytes) from L1 / L2.
-//   Hot loop (sm_90 SASS, nvcc 13, bf16, MR = 1, two blocks per lane per iteration except Q6_K's one):
-//   instructions and bytes of packed weights per warp-instruction (before: the exact body at bf16)
-//     Q4_K 135 (8.5 B; was 1.1)   Q5_K 194 (7.3; 1.3)   Q6_K 327 per 2 iterations-worth (10.3; 1.3)
-//     Q4_0 113 (10.2; 1.8)        Q4_1  83 (15.4; 1.6)  Q8_0 119 (18.3; 3.2)
+//   Hot loop (sm_90 SASS, nvcc 13, bf16; instructions per iteration and bytes of packed weights per
+//   warp-instruction, before = the exact body at bf16):
+//     MR 1 (2 blocks per lane per iteration, Q6_K 1):  Q4_K 135 (8.5 B; was 1.1)  Q5_K 194 (7.3; 1.3)
+//       Q6_K 170 (9.9; 1.3)  Q4_0 113 (10.2; 1.8)  Q4_1 83 (15.4; 1.6)  Q8_0 117 (18.6; 3.2)
+//     MR 8 (1 block per lane):  Q4_K 247 (2.3; 0.7)  Q5_K 277 (2.5; 0.8)  Q6_K 478 (3.5; 1.1)  Q4_0 216 (2.7;
+//       1.0)  Q4_1 200 (3.2; 1.0)  Q8_0 213 (5.1; 1.8)
 //   Estimate (not measured: no GPU here): ≥ 3 B per warp-instruction leaves the H100's issue rate (132 SMs ×
 //   4 schedulers × 1.83 GHz ≈ 0.97·10¹² warp-instructions/s) 2–5× above what 3.35 TB/s asks, so M = 1 is
 //   memory-bound: 75–85 % of HBM bandwidth for N ≥ 1024 (registers 54–80 → ≥ 6 blocks of 4 warps per SM, each
-//   lane with 1–2 blocks' loads in flight). M = 8: 8× the x loads and dp4a per weight byte, 2–3 B per
-//   warp-instruction for the 4-bit formats: near the issue bound, an estimated 50–70 %.
+//   lane with 1–2 blocks' loads in flight). M = 8: 8× the x loads and dp4a per weight byte, 2.3–3.5 B per
+//   warp-instruction for the 4- to 6-bit formats: near the issue bound, an estimated 50–70 %.
 //
 // Exact (quant_gemv_block; fp32 x, INT8_ROWWISE, Q4_K / Q5_K rows not 16-byte aligned): fp32 products of the
 // bit-exactly decoded weights.
