@@ -23,7 +23,8 @@
 //   paged_prefill_tc.cuh's header). fp32 x → a SIMT path, no conversion: the W tile holds fp32 weights
 //   (exactly gguf's values) and each thread accumulates 8 rows × 4 columns of outputs with FMAs (LD = 68).
 // Shared memory: 2 stages × (BM + BN) × LD × sizeof: 16-bit 36,864 B, fp32 69,632 B (dynamic, opt-in).
-// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): fp16 / bf16 106–141, fp32 113–128.
+// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): fp16 / bf16 116–143, fp32 119–128; the
+// dequantization 19–32.
 // Estimate (from the SASS counts above, unmeasured): the k-loop is issue-bound on the W decode (~1.2 warp-
 //   instructions per weight per M tile), 2.6 % of its instructions HMMA: ~5–10 % of the mma.sync peak, which is
 //   why it only serves 8 < M ≤ 64 (one M tile, where it reads the packed bytes once and needs no temporary).

@@ -41,8 +41,9 @@
 //
 // Bytes per call: N·R packed weights (read once) + x (L2) + M·N·sizeof(T) written. Mistral-7B's 4096×14336
 // down projection, Q4_K: 33 MB of weights, x 28 KB (int8 path: 21 KB quantized).
-// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): int8 path MR 1 54–80, MR 2 78–80,
-// MR 4 78–128, MR 8 128–168; exact path MR 1 45–72, MR 2 63–90, MR 4 80–114, MR 8 128–168.
+// Registers (nvcc 13, sm_80 / sm_90, every format and dtype, 0 spills; tests/test_nvcc_ptxas.py): int8 path
+// (and its grouped twin) MR 1 52–80, MR 2 76–80, MR 4 76–128, MR 8 128–168; exact path MR 1 55–122, MR 2
+// 71–123, MR 4 72–117, MR 8 95–168.
 #pragma once
 
 #include <type_traits>
