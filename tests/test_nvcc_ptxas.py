@@ -161,7 +161,8 @@ def test_every_kernel_instance_is_built(kernels: list[Kernel]) -> None:
                        "grouped_gemm_nt_kernel", "topk_softmax_kernel", "moe_scatter_kernel", "moe_unpermute_kernel",
                        "moe_columns_kernel", "moe_offsets_kernel", "moe_rank_kernel",
                        "paged_decode_reduce_kernel", "quant_gemv_kernel", "quant_gemm_kernel",
-                       "moe_qgemv_kernel", "moe_qgemm_kernel"):
+                       "moe_qgemv_kernel", "moe_qgemm_kernel", "quant_gemv_q8_kernel", "moe_qgemv_q8_kernel",
+                       "quantize_x_q8_kernel", "quant_dequantize_kernel"):
             assert any(n.startswith(family) and a == arch for n, a in names), f"{family} missing for {arch}"
     assert all(k.max_threads > 0 for k in kernels), [k.name for k in kernels if not k.max_threads]
 
