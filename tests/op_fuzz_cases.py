@@ -1,4 +1,4 @@
-"""Op-level fuzz cases (issue 22): one valid call per raw op schema (csrc/registration.cpp), then single
+"""Op-level fuzz cases: one valid call per raw op schema (csrc/registration.cpp), then single
 mutations of it — a wrong size on each dimension of each tensor argument, another dtype, None, a
 non-contiguous / stride-0 layout, a written argument aliasing another one — each judged by one oracle:
 

@@ -1,4 +1,4 @@
-"""Launch limits and grid shapes of the attention kernels (issue 14), against mistral_kernels.reference.
+"""Launch limits and grid shapes of the attention kernels (CUDA grid and split-K limits), against mistral_kernels.reference.
 
 - a batch of more than 65535 decode sequences (grid.y limit: the launch is split into chunks);
 - partition_size far beyond the keys (clamped to one partition, not truncated to int → zeros);

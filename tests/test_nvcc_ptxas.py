@@ -1,4 +1,4 @@
-"""Resources of every CUDA kernel instance we build (issue 16 item 6; what the emulator cannot see):
+"""Resources of every CUDA kernel instance we build (what the emulator cannot see):
 tests/nvcc/all_kernels.cu (every launcher of csrc/kernels for fp32 / fp16 / bf16 and every head_dim) compiled
 by nvcc for sm_80 and sm_90 with -Xptxas -v, its PTX kept for the launch bounds (.maxntid / .minnctapersm),
 and tests/nvcc/dyn_smem.cpp (g++) for the dynamic shared memory each launcher requests. Per kernel and arch:

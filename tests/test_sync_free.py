@@ -1,4 +1,4 @@
-"""Engine.step is free of host syncs apart from the one read of the sampled ids (issue 14).
+"""Engine.step is free of host syncs apart from the one read of the sampled ids.
 
 - The step's indices are validated once, on the host, by AttentionBatch.build (reference: the same errors the
   device checks raise, checked here on CPU), so the engine runs ``model.forward`` with the device index checks
