@@ -11,7 +11,7 @@ Models (random weights, normal × 0.02, bf16 activations and KV cache):
   mixtral  Mixtral-8x7B-shaped (the same + E 8, k 2), bf16, as many layers as fit in 45 % of the free memory
            (a whole layer is 2.8 GB: ~12 on an H100)
   q4k      the Mistral-7B shape with every matrix packed Q4_K (the LM head Q6_K; random blocks with small scales,
-           tests/quant_data.py's layout), run natively by qlinear; all 32 layers
+           tests/helpers/quant_data.py's layout), run natively by qlinear; all 32 layers
 Each runs with CUDA-graph decode on and off (``enforce_eager``), at each batch size: B prompts of
 --prompt-tokens random ids, then --new-tokens greedy tokens (ignore EOS); decode tok/s = B · (new − 1) / (last
 finish − last first token), after one warm-up run. % of roofline: tok/s over B · bandwidth / bytes of one decode
@@ -65,7 +65,7 @@ def full_config(kind: str, smoke: bool) -> ModelConfig:
 
 def _packed(name: str, n: int, k: int, dev: str, g: torch.Generator) -> QuantizedWeight:
     """Random blocks of format ``name`` [N, K] made on the device, fp16 scale fields set small and finite."""
-    from tests.quant_data import FP16_FIELDS
+    from tests.helpers.quant_data import FP16_FIELDS
 
     f = QFORMATS[name]
     raw = torch.randint(0, 256, (n, k // f.block, f.bytes), generator=g, device=dev, dtype=torch.uint8)

@@ -17,7 +17,7 @@ rules), a Mixtral-8x7B MoE layer (H 4096, I 14336, E 8, k 2, bf16), Mistral-7B p
 activations, and moe_qgemm (Q4_K, gated w1|w3) on the Mixtral layer. Bytes: decode attention every visible
 K/V row + q + out; prefill the same (compute-bound: 4·D FLOPs per visible (query head, key) pair); MoE
 decode the touched experts' weights + gate, prefill 2·T·k·3·I·H FLOPs; qlinear the packed weight + x + out,
-2·M·N·K FLOPs. The quantized rows need the ``gguf`` package (random blocks: tests/quant_data.py); without it
+2·M·N·K FLOPs. The quantized rows need the ``gguf`` package (random blocks: tests/helpers/quant_data.py); without it
 they are left out, and the table says so. Written to DIR/gpu_kernels.md (default benchmarks/results).
 """
 
@@ -100,7 +100,7 @@ def moe_rows(dev: str, smoke: bool) -> list[Row]:
 
 
 def _packed(name: str, n: int, k: int, dev: str, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    from tests.quant_data import random_qweight
+    from tests.helpers.quant_data import random_qweight
 
     q, s = random_qweight(name, n, k, seed, random_bytes=True)
     return q.to(dev), None if s is None else s.to(dev)

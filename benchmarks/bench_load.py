@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from common import copy_bandwidth_gbs, markdown_table  # noqa: E402
 
 from mistral_kernels.config import ModelConfig  # noqa: E402
-from tests.random_checkpoints import write_random_checkpoint  # noqa: E402
+from tests.helpers.random_checkpoints import write_random_checkpoint  # noqa: E402
 
 CHILD = r"""
 import json, sys, time

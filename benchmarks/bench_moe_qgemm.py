@@ -27,7 +27,7 @@ from common import markdown_table  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
 from mistral_kernels.ops.quant import QFORMATS  # noqa: E402
-from tests.quant_data import random_qweight  # noqa: E402
+from tests.helpers.quant_data import random_qweight  # noqa: E402
 
 
 def best_time(fn: Callable[[], object], repeats: int = 10) -> float:

@@ -34,7 +34,7 @@ from common import markdown_table  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
 from mistral_kernels.ops.quant import QFORMATS  # noqa: E402
-from tests.quant_data import random_qweight  # noqa: E402
+from tests.helpers.quant_data import random_qweight  # noqa: E402
 
 # (model, projection) → (N, K)
 SHAPES = {

@@ -3,7 +3,7 @@ dequantized decode / prompt tok/s, and the int8 parameter-memory table — all i
 
 1. ``7b``: writes a random GGUF of Mistral-7B-v0.3's shape in a Q4_K_M-like mix (attn_v, ffn_down, output in
    Q6_K, everything else Q4_K; random blocks with finite scales: the ``gguf`` package cannot write K-quants;
-   tests/quant_checkpoints.py), then in a fresh process loads it natively and generates a few tokens; reports
+   tests/helpers/quant_checkpoints.py), then in a fresh process loads it natively and generates a few tokens; reports
    peak RSS (VmHWM, mapped file pages included), load seconds and decode s/token. Needs ~4.5 GB of disk (the
    file is deleted after) and ~6 GB of RAM; skipped when either is short.
 2. ``smollm2``: the default model (SmolLM2-135M-Instruct Q4_1 with a Q8_0 tied head), batch 1, 2 threads,
@@ -43,7 +43,7 @@ import json, resource, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[2]))
 from mistral_kernels import load_model
-from tests.model_helpers import greedy_ours
+from tests.helpers.model_helpers import greedy_ours
 
 t0 = time.perf_counter()
 model = load_model(sys.argv[1])
@@ -91,7 +91,7 @@ def mistral_7b_q4_k_m(name: str, shape: tuple[int, ...]) -> str:
 
 
 def run_7b(threads: int, tokens: int, workdir: Path) -> dict[str, object] | None:
-    from tests.quant_checkpoints import write_quant_gguf
+    from tests.helpers.quant_checkpoints import write_quant_gguf
 
     config = ModelConfig.mistral_7b_v03()
     free_disk = shutil.disk_usage(workdir).free

@@ -26,8 +26,8 @@ from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
 
 from .conftest import Backend, assert_close
-from .model_helpers import random_model
-from .test_attention import _check_decode, _check_prefill, _to, make_paged
+from .helpers.model_helpers import random_model
+from .helpers.attention import _check_decode, _check_prefill, _to, make_paged
 
 
 def test_decode_more_than_65535_sequences(backend_one_schedule: Backend) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_emulator import CSRC, GXX, _clean_env, _run, _run_program, build  # noqa: F401  (build: fixture)
+from .helpers.emulator import CSRC, GXX, _clean_env, _run, _run_program, build  # noqa: F401  (build: fixture)
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
 

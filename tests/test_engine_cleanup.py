@@ -16,7 +16,7 @@ from mistral_kernels.engine import Engine
 from mistral_kernels.llm import LLM
 from mistral_kernels.sampling import SamplingParams
 
-from .test_engine import CharTokenizer, ToyModel
+from .helpers.engine import CharTokenizer, ToyModel
 
 NUM_BLOCKS = 64
 

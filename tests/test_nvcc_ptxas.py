@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_emulator import GXX, _nvcc
+from .helpers.emulator import GXX, _nvcc
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))

@@ -1,6 +1,6 @@
 """Op-level fuzz: every raw op with wrong shapes on each dimension of each argument, other dtypes,
 None, meta tensors, non-contiguous / stride-0 layouts, written arguments aliasing inputs, extreme scalars
-(tests/op_fuzz_cases.py: the cases and the oracle). The cases run in subprocesses, many per process; a
+(tests/helpers/op_fuzz_cases.py: the cases and the oracle). The cases run in subprocesses, many per process; a
 crash or hang fails the test naming its case, and the run resumes after it so that every failure is listed.
 Seeded; ~1,000 cases per namespace in a few seconds.
 """
@@ -19,7 +19,7 @@ import torch
 
 import mistral_kernels
 
-from .op_fuzz_cases import cases
+from .helpers.op_fuzz_cases import cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def _run_all(namespace: str) -> tuple[dict[int, dict[str, str]], list[str]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     start = 0
     while start < n:
-        proc = subprocess.run([sys.executable, "-m", "tests.op_fuzz_cases", namespace, str(start), str(n)],
+        proc = subprocess.run([sys.executable, "-m", "tests.helpers.op_fuzz_cases", namespace, str(start), str(n)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         last = start - 1
         for line in proc.stdout.splitlines():

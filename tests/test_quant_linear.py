@@ -1,5 +1,5 @@
 """ops.qlinear on CPU (csrc/cpu/quant.cpp) against reference.qlinear: the ``gguf`` package's own dequantization
-followed by a fp32 matmul. Random packed weights: tests/quant_data.py.
+followed by a fp32 matmul. Random packed weights: tests/helpers/quant_data.py.
 
 Shape letters: M rows of x, K in features, N out features, QK elements per block.
 
@@ -26,7 +26,7 @@ from mistral_kernels import ops, reference
 from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
 from mistral_kernels.ops.reference import dequantize
 
-from .quant_data import FORMATS, random_qweight
+from .helpers.quant_data import FORMATS, random_qweight
 
 GEMV_MAX_M = 16  # kGemvMaxM in csrc/cpu/quant.cpp: larger M takes the dequantized-tile GEMM
 
