@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
+from common import bench_parser, copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
 from roofline import batch_step_bytes  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
@@ -124,7 +124,7 @@ def decode_rate(engine: Engine, vocab: int, batch: int, prompt_tokens: int, new_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--device", default="cuda", help="cuda[:N] (default) or cpu (with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs (any device): runs every code path quickly")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")

@@ -23,7 +23,6 @@ they are left out, and the table says so. Written to DIR/gpu_kernels.md (default
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import os
@@ -38,8 +37,8 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 import bench_attention  # noqa: E402
-from common import (copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name, flushed_cuda_time,  # noqa: E402
-                    l2_bytes, l2_flush_buffer, markdown_table, median_time)
+from common import (bench_parser, copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name,  # noqa: E402
+                    flushed_cuda_time, l2_bytes, l2_flush_buffer, markdown_table, median_time)
 
 from mistral_kernels import ops  # noqa: E402
 
@@ -147,7 +146,7 @@ def quant_rows(dev: str, smoke: bool) -> list[Row]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--device", default="cuda", help="cuda[:N] (default) or cpu (with --smoke: checks the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (any device): runs every code path quickly")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")

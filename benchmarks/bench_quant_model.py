@@ -13,13 +13,12 @@ dequantized decode / prompt tok/s, and the int8 parameter-memory table — all i
 
 Not part of the test suite::
 
-    python benchmarks/bench_quant_model.py --out benchmarks/results/quant_model_cpu.md
+    python benchmarks/bench_quant_model.py --out benchmarks/results/cpu_quant_model.md
     python benchmarks/bench_quant_model.py --skip-7b --rounds 5
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
-from common import markdown_table  # noqa: E402
+from common import bench_parser, dtypes, markdown_table  # noqa: E402
 
 from mistral_kernels.config import ModelConfig  # noqa: E402
 
@@ -65,7 +64,7 @@ import torch
 torch.set_num_threads(int(sys.argv[1]))
 from mistral_kernels import LLM
 from mistral_kernels.stats import weight_bytes
-dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
+dtype = dtypes("fp32", "bf16")
 configs = json.loads(sys.argv[2])
 llms = {name: LLM(None, dtype=dtype[c["dtype"]], quantized=c["quantized"], max_batch=1, prefix_caching=False)
         for name, c in configs.items()}
@@ -155,7 +154,7 @@ def int8_table() -> list[list[str]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the SmolLM2 runs (median)")
     p.add_argument("--new-tokens", type=int, default=64, help="decode tokens per SmolLM2 run")

@@ -53,7 +53,7 @@ def fp32_logits(y: torch.Tensor) -> torch.Tensor:
     A cast of more than 32768 elements opens an OpenMP region, whose wake-up and join cost more than the
     cast of one decode step's logits (SmolLM2: V = 49152): microseconds on an idle machine, a time slice
     (milliseconds) on a loaded one, where the pool's threads are not running (benchmarks/results/
-    engine_overhead.md). Up to ``_SERIAL_LOGITS`` elements the cast runs in pieces below ATen's grain, on
+    cpu_engine_overhead.md). Up to ``_SERIAL_LOGITS`` elements the cast runs in pieces below ATen's grain, on
     this thread; larger outputs (prefill logits of many rows) keep the parallel cast.
     """
     n = y.numel()
