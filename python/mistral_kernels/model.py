@@ -160,12 +160,13 @@ class DecoderLayer:
 
 
 class Model:
-    """A decoder with fused weights (see :mod:`mistral_kernels.weights` for the names and shapes).
+    """A decoder with fused weights (see :mod:`mistral_kernels.checkpoint.naming` for the names and shapes).
 
     Parameters
     ----------
     config : the architecture
-    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`);
+    weights : fused weights, all of one dtype and device (from
+        :func:`~mistral_kernels.checkpoint.base.load_checkpoint`);
         the matrices may be packed (:mod:`mistral_kernels.quant_weight`: GGUF blocks or int8 rows, on the same
         device), which ``ops.linear`` and the MoE block dispatch on; a tied model with a packed embedding
         passes its packed head as ``lm_head`` (the embedding itself is dense)
