@@ -88,6 +88,12 @@ def add_quant_arguments(p: argparse.ArgumentParser) -> None:
                    help="quantize every weight matrix at load: int8 = int8 weight-only, one scale per output row")
 
 
+def add_check_tensors_argument(p: argparse.ArgumentParser) -> None:
+    """``--check-tensors`` (generate and serve)."""
+    p.add_argument("--check-tensors", action="store_true",
+                   help="scan every weight for inf / NaN at load (one pass over the weights; see the README)")
+
+
 def add_moe_parallel_argument(p: argparse.ArgumentParser) -> None:
     """``--moe-parallel`` (generate and serve)."""
     p.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
@@ -158,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token budget per engine step = prefill chunk size (512)")
     add_prefix_caching_argument(g)
     add_quant_arguments(g)
+    add_check_tensors_argument(g)
     g.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
     g.add_argument("--tp", type=_positive(int), default=1,
@@ -170,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve, _positive, sorted(_DTYPES))
     add_prefix_caching_argument(serve)
     add_quant_arguments(serve)
+    add_check_tensors_argument(serve)
     add_moe_parallel_argument(serve)
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token, "
@@ -270,7 +278,8 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
                   progress=not quiet, prefix_caching=args.enable_prefix_caching,
-                  enforce_eager=args.enforce_eager, quantized=not args.dequantize, quantize=args.quantize)
+                  enforce_eager=args.enforce_eager, quantized=not args.dequantize, quantize=args.quantize,
+                  check_tensors=args.check_tensors)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2

@@ -61,7 +61,7 @@ def serve_main(args: argparse.Namespace, dtype: torch.dtype | None, parallel: Pa
                   block_size=args.block_size, num_blocks=args.num_blocks,
                   max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
                   prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-                  quantized=not args.dequantize, quantize=args.quantize)
+                  quantized=not args.dequantize, quantize=args.quantize, check_tensors=args.check_tensors)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
