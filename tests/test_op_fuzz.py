@@ -144,3 +144,39 @@ def test_rms_norm_out_may_be_x(backend_one_schedule) -> None:
     with pytest.raises(RuntimeError, match="silu_and_mul: out is written by this op but shares memory with x"):
         buf = torch.randn(48)  # out (contiguous) overlaps the middle of x: a partial overlap the fuzz found
         ops.silu_and_mul(buf.view(3, 16), out=buf[8:32].view(3, 8))
+
+
+# ---- decode_layers (the fuzz cases above include its own; these name what they found) ------------------
+
+
+def _decode_layers_call() -> dict:
+    from .op_fuzz_cases import valid_calls
+
+    return next(c for c in valid_calls("mistral_kernels") if c.op == "decode_layers").args
+
+
+def test_decode_layers_refuses_weights_in_written_memory() -> None:
+    """A norm or matrix inside x / residual / a cache would be overwritten while the layers run."""
+    a = _decode_layers_call()
+    for name, view in (("attn_norm", a["x"].view(-1)[:32]), ("ffn_norm", a["residual"].view(-1)[32:])):
+        args = {**a, name: [view, a[name][1]]}
+        with pytest.raises(RuntimeError, match=rf"decode_layers: (x|residual) is written by this op but shares "
+                                               rf"memory with {name}\[0\]"):
+            torch.ops.mistral_kernels.decode_layers(*args.values())
+    args = {**a, "v_cache": [a["k_cache"][0], a["v_cache"][1]]}
+    with pytest.raises(RuntimeError, match=r"decode_layers: .*_cache\[0\] is written by this op but shares memory "
+                                           r"with .*_cache\[0\]"):
+        torch.ops.mistral_kernels.decode_layers(*args.values())
+
+
+def test_decode_layers_refuses_a_slot_another_row_reads() -> None:
+    """Rows attend in parallel: row 0 writing into a block row 1 reads would race (the per-op path writes all
+    rows first)."""
+    a = _decode_layers_call()
+    tables = a["block_tables"].clone()
+    tables[1, 0] = 1  # row 1 now reads block 1, where row 0 writes slot 5
+    with pytest.raises(RuntimeError, match=r"decode_layers: row 0 writes slot 5 of block 1, which row 1 reads"):
+        torch.ops.mistral_kernels.decode_layers(*{**a, "block_tables": tables}.values())
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[0\] and slot_mapping\[1\] are both 1;"):
+        # block 0: in no row's visible blocks, written by both
+        torch.ops.mistral_kernels.decode_layers(*{**a, "slot_mapping": torch.tensor([1, 1])}.values())
