@@ -17,7 +17,6 @@ The machine is shared: state ``uptime``'s load next to the figures (printed). Ne
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import statistics
@@ -35,7 +34,9 @@ sys.path.insert(0, str(ROOT))
 import mistral_kernels.checkpoint.tensor_io as tensor_io  # noqa: E402
 from mistral_kernels.checkpoint import load_checkpoint  # noqa: E402
 from mistral_kernels.config import ModelConfig  # noqa: E402
-from tests.random_checkpoints import write_random_checkpoint  # noqa: E402
+from tests.helpers.random_checkpoints import write_random_checkpoint  # noqa: E402
+
+from common import bench_parser  # noqa: E402
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -71,7 +72,7 @@ def _pair(name: str, a: Callable[[], object], b: Callable[[], object], rounds: i
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--rounds", type=int, default=5)

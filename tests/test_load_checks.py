@@ -27,10 +27,10 @@ from mistral_kernels.checkpoint.gguf_header import read_gguf_header
 from mistral_kernels.cli import main
 from mistral_kernels.config import ModelConfig
 
-from .random_checkpoints import write_random_checkpoint
+from .helpers.random_checkpoints import write_random_checkpoint
 
 gguf = pytest.importorskip("gguf")
-from .quant_checkpoints import uniform, write_quant_gguf  # noqa: E402
+from .helpers.quant_checkpoints import uniform, write_quant_gguf  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 SMALL = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=128,
