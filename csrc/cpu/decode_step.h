@@ -353,7 +353,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
   for (int64_t l = 0; l < L; ++l)
     for (const Mat* w : {&layers[l].qkv, &layers[l].wo, &layers[l].w13, &layers[l].w2}) {
       const XNeeds nd = x_needs<T>(*w);
-      needs.f32 |= nd.f32, needs.i8 |= nd.i8, needs.bsum |= nd.bsum;
+      needs.f32 |= nd.f32, needs.i8 |= nd.i8, needs.i8k |= nd.i8k, needs.bsum |= nd.bsum;
       for (int64_t i = 0; i < w->n; ++i) packed |= w->parts[i].qtype != kDense;
     }
 #if defined(_OPENMP)
