@@ -371,14 +371,17 @@ inline void dot_row_q8k(const uint8_t* row, int64_t nblocks, const int8_t* xq, i
     _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + 128), _MM_HINT_T0);
-    __m256i ai[MB];
-    for (int m = 0; m < MB; ++m) ai[m] = _mm256_setzero_si256();
+    // two integer accumulators (even / odd chunks): one chain of 8 vpdpwssd per block would bind at M = 1
+    __m256i ai[MB], aj[MB];
+    for (int m = 0; m < MB; ++m) ai[m] = aj[m] = _mm256_setzero_si256();
     const KBlock kb = decode_codes_k<QT>(blk, [&](int c, __m256i codes, __m256i scv) {
       for (int m = 0; m < MB; ++m) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * K + 256 * b + 32 * c));
-        ai[m] = madd_acc(ai[m], _mm256_maddubs_epi16(codes, xv), scv);
+        __m256i& a = c & 1 ? aj[m] : ai[m];
+        a = madd_acc(a, _mm256_maddubs_epi16(codes, xv), scv);
       }
     });
+    for (int m = 0; m < MB; ++m) ai[m] = _mm256_add_epi32(ai[m], aj[m]);
     for (int m = 0; m < MB; ++m) {
       const float dx = dk[m * KB + b];
       const __m256i bsv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + m * (K / 16) + 16 * b));
