@@ -79,22 +79,6 @@ def test_gguf_default_dtype_and_values(tmp_path: Path, kind: str, expected: torc
         torch.testing.assert_close(packed["layers.0.w13"].dequantize(), w13, atol=0, rtol=0)
 
 
-def test_native_quantized_gguf_defaults_to_bf16_on_the_cpu(tmp_path: Path) -> None:
-    """A GGUF run on its packed blocks: bf16 activations by default on the CPU (the int8-activation paths of
-    its quantized matmuls); dequantized (quantized=False) or on CUDA: fp32 as its dequantized type. A GGUF of
-    F32 weights (no quantized matrix) keeps fp32."""
-    path = tmp_path / "q.gguf"
-    write_random_checkpoint(CONFIG, path, "gguf", gguf_type="Q8_0")
-    assert default_dtype(path) == torch.bfloat16
-    assert default_dtype(path, quantized=False) == torch.float32
-    assert default_dtype(path, "cuda") == torch.float32
-    _, packed = load_checkpoint(path)
-    assert packed["embed"].dtype == torch.bfloat16
-    f32 = tmp_path / "f.gguf"
-    write_random_checkpoint(CONFIG, f32, "gguf", gguf_type="F32")
-    assert default_dtype(f32) == torch.float32
-
-
 def test_fused_weights_equal_the_safetensors_reader(tmp_path: Path) -> None:
     """Sharded HF bf16 read as fp32 (conversion path) and bf16 (direct path) vs safetensors' load_file."""
     write_random_checkpoint(CONFIG, tmp_path, "hf", torch.bfloat16, shards=3)

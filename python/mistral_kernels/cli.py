@@ -147,8 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
     g.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
                    help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU "
-                        "(an explicit fp16 runs there too, in fp32 math); a quantized GGUF on the CPU: bf16 "
-                        "(int8 activations in its quantized matmuls; fp32 = the exact path)")
+                        "(an explicit fp16 runs there too, in fp32 math)")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--max-batch", type=_positive(int), default=8, help="sequences per engine step (8)")
     g.add_argument("--block-size", type=_positive(int), default=16, help="KV cache block size in tokens (16)")
@@ -319,7 +318,7 @@ def _info(args: argparse.Namespace) -> int:
 
     try:
         c = load_config(path)
-        dtype = _dtype(args.dtype) or default_dtype(path, quantized=not args.dequantize and args.quantize is None)
+        dtype = _dtype(args.dtype) or default_dtype(path)
     except (ValueError, FileNotFoundError) as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2

@@ -71,7 +71,7 @@ class LLM:
         t0 = time.perf_counter()
         self.path = Path(path)
         if dtype is None:
-            dtype = default_dtype(self.path, device, quantized=quantized and quantize is None and parallel is None)
+            dtype = default_dtype(self.path, device)
         if parallel is None:  # warn before loading rather than be killed while loading
             config = load_config(self.path)
             if num_blocks is not None:  # an impossible pool fails before the weights load

@@ -278,35 +278,15 @@ def checkpoint_dtype(path: str | Path) -> torch.dtype:
     return max(counts, key=lambda d: counts[d])
 
 
-def default_dtype(path: str | Path, device: torch.device | str = "cpu", *, quantized: bool = True) -> torch.dtype:
+def default_dtype(path: str | Path, device: torch.device | str = "cpu") -> torch.dtype:
     """The dtype a model loads in when none is asked: :func:`checkpoint_dtype`, with fp64 → fp32 and, on the
-    CPU, fp16 → bf16 (an explicit fp16 runs there as well). On the CPU a GGUF whose matrices run on their
-    packed blocks (``quantized``, most weights in a native format) loads in bf16: its quantized matmuls then
-    quantize the activations to int8 and run integer dot products (as llama.cpp does), the fast path; an
-    explicit ``torch.float32`` keeps the exact one (README: the accuracy cost, measured)."""
+    CPU, fp16 → bf16 (an explicit fp16 runs there as well)."""
     dtype = checkpoint_dtype(path)
     if dtype == torch.float64:
         return torch.float32
-    cpu = torch.device(device).type == "cpu"
-    if dtype == torch.float16 and cpu:
-        return torch.bfloat16
-    if cpu and quantized and dtype == torch.float32 and _mostly_native_packed(Path(path)):
+    if dtype == torch.float16 and torch.device(device).type == "cpu":
         return torch.bfloat16
     return dtype
-
-
-def _mostly_native_packed(p: Path) -> bool:
-    """A GGUF with more weight elements in natively computed formats than in any other. Reads headers only."""
-    if detect_format(p) != "gguf":
-        return False
-    native = other = 0
-    with open_tensors(p, "gguf") as source:
-        for t in source.tensors.values():
-            if is_native(t):
-                native += math.prod(t.shape)
-            else:
-                other += math.prod(t.shape)
-    return native > other
 
 
 def load_checkpoint(
@@ -348,9 +328,9 @@ def load_checkpoint(
     path = Path(path)
     fmt = detect_format(path)
     config = load_config(path)
-    packed = quantized and quantize is None and shard is None and fmt == "gguf"
     if dtype is None:
-        dtype = default_dtype(path, device, quantized=packed)
+        dtype = default_dtype(path, device)
+    packed = quantized and quantize is None and shard is None and fmt == "gguf"
     with open_tensors(path, fmt) as source:
         entries, unexpected = _rename(source, _RULES[fmt])
         _check(path, fmt, entries, unexpected, config)
