@@ -3,7 +3,10 @@ measurements at the size people run on a CPU (benchmarks/bench_llamacpp.py --mod
 
     python benchmarks/make_random_gguf.py /work/models/mistral7b-random-f16.gguf
     llama-quantize /work/models/mistral7b-random-f16.gguf /work/models/mistral7b-random-q4_k_m.gguf Q4_K_M
-    # likewise Q8_0, Q4_0, Q5_K_M (llama-quantize: built from the llama-cpp-python sdist, see bench_llamacpp.py)
+    # likewise Q8_0, Q4_0, Q5_K_M (llama-quantize: built from the llama-cpp-python sdist, see bench_llamacpp.py;
+    # with only libllama built: benchmarks/native/llama_quantize.c, FTYPE 15 = Q4_K_M)
+    # --layers 4: the same matrices, 4 decoder layers (2.3 GB F16; quantizing all 32 took > 30 min of a loaded
+    # 2-core machine)
 
 Shapes (Mistral-7B-v0.3): 32 layers, hidden 4096, intermediate 14336, 32 query / 8 KV heads of 128, vocabulary
 32768 (``mistral_instruct_tokenizer_240323.model.v3`` shipped in ``mistral-common``: pieces, scores and piece
