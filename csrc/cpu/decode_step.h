@@ -153,10 +153,13 @@ inline void warm_slice(const Mat& w, int t, int team) {
   }
 }
 
-// The barrier between phases: spin briefly, then yield the core. OpenMP's barrier spins for a long time
-// (libgomp: ~300,000 iterations) before sleeping; on a machine with more runnable threads than cores a
-// waiting thread then burns the time slice its partner needs (measured on 2 shared cores under load:
-// 8× slower than one thread). Yielding costs one syscall when nothing else is runnable.
+// The barrier between phases: spin briefly, then sleep on the generation word (std::atomic::wait: a futex on
+// Linux) until the last thread's notify. OpenMP's barrier spins for a long time (libgomp: ~300,000
+// iterations) before sleeping; on a machine with more runnable threads than cores a waiting thread then burns
+// the time slice its partner needs (measured on 2 shared cores under load: 8× slower than one thread).
+// Yielding instead (sched_yield in a loop) still left the process waiting ~85 % of a 7B-shaped decode step
+// on 2 cores under load 15 (the yielder stays runnable behind every other process); a sleeping waiter is
+// woken, and scheduled, as its partner arrives.
 class SpinYieldBarrier {
  public:
   void set_size(int n) { n_ = n; }  // before any wait
@@ -165,6 +168,7 @@ class SpinYieldBarrier {
     if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {  // last to arrive: release the others
       count_.store(0, std::memory_order_relaxed);
       gen_.fetch_add(1, std::memory_order_acq_rel);
+      gen_.notify_all();
       return;
     }
     for (int i = 0; gen_.load(std::memory_order_acquire) == gen; ++i) {
@@ -173,7 +177,7 @@ class SpinYieldBarrier {
         __builtin_ia32_pause();
 #endif
       } else {
-        std::this_thread::yield();
+        gen_.wait(gen, std::memory_order_acquire);  // returns once gen_ != gen (or spuriously: re-checked)
       }
     }
   }
