@@ -264,7 +264,8 @@ def main() -> None:
         # Ours per file: Q4_1 native (two activation dtypes), the others dense from the Q4_1 file.
         ours: dict[str, list[Ours]] = {}
         for f in files:
-            configs = [("native, bf16 act.", torch.bfloat16, True), ("native, fp32 act. (default)", torch.float32, True)] \
+            configs = [("native, bf16 act.", torch.bfloat16, True),
+                       ("native, fp32 act. (default)", torch.float32, True)] \
                 if f == "q4_1" else [(f"dense {f}", DTYPES['bf16' if f == 'bf16' else 'fp32'], False)]
             ours[f] = [Ours(label, mistral_kernels.LLM(model_path, dtype=dt, quantized=q, max_batch=1,
                                                        prefix_caching=False)) for label, dt, q in configs]

@@ -109,7 +109,8 @@ def tensors(layers: int) -> list[tuple[str, tuple[int, ...]]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path, help="the .gguf to write (F16 matrices, F32 norms)")
-    ap.add_argument("--spm", type=Path, default=None, help=f"SentencePiece model (default: mistral-common's {SPM_FILE})")
+    ap.add_argument("--spm", type=Path, default=None,
+                    help=f"SentencePiece model (default: mistral-common's {SPM_FILE})")
     ap.add_argument("--layers", type=int, default=LAYERS, help="decoder layers (32: the 7B shape)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
