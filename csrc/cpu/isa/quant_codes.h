@@ -421,9 +421,10 @@ inline void dot_rows_q8k(const uint8_t* row, int64_t nblocks, const int8_t* xq, 
       const int8_t* xm = xq + m * K + 256 * b;
       __m256i ai = _mm256_setzero_si256();
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c)
-        ai = madd_acc(ai, _mm256_maddubs_epi16(cb[c], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 32 * c))),
-                      sb[c]);
+      for (int c = 0; c < 8; ++c) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 32 * c));
+        ai = madd_acc(ai, _mm256_maddubs_epi16(cb[c], xv), sb[c]);
+      }
       const float dx = dk[m * KB + b];
       const __m256i bsv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + m * (K / 16) + 16 * b));
       const __m256i corr = _mm256_madd_epi16(kb.mins16, bsv);

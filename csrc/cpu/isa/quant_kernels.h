@@ -499,13 +499,13 @@ inline void dot_row_q8k(const uint8_t* row, int64_t nblocks, const int8_t* xq, i
 template <int32_t QT, typename OUT>
 void gemv_rows_q8k(const uint8_t* w, int64_t K, const int8_t* xq, const float* dk, const int16_t* bs, int64_t M,
                    OUT* y, int64_t ldy, int64_t n0, int64_t n1) {
-  const int64_t nblocks = K / 256, R = nblocks * Geometry<QT>::BYTES;
+  const int64_t nblocks = K / 256, R = nblocks * Geometry<QT>::BYTES, KB = K / 256, K16 = K / 16;
   for (int64_t n = n0; n < n1; ++n) {
     int64_t m = 0;
     for (; m + 4 <= M; m += 4)
-      dot_row_q8k<QT, 4>(w + n * R, nblocks, xq + m * K, K, dk + m * (K / 256), bs + m * (K / 16), y + m * ldy + n, ldy);
+      dot_row_q8k<QT, 4>(w + n * R, nblocks, xq + m * K, K, dk + m * KB, bs + m * K16, y + m * ldy + n, ldy);
     for (; m < M; ++m)
-      dot_row_q8k<QT, 1>(w + n * R, nblocks, xq + m * K, K, dk + m * (K / 256), bs + m * (K / 16), y + m * ldy + n, ldy);
+      dot_row_q8k<QT, 1>(w + n * R, nblocks, xq + m * K, K, dk + m * KB, bs + m * K16, y + m * ldy + n, ldy);
   }
 }
 
