@@ -13,8 +13,8 @@ computes its column slice of a matrix (csrc/cpu/decode_step.h's split) between t
 bytes of one matrix (packed bytes for the block formats) / the fastest call (on a shared machine the least
 disturbed one); the bound is the read bandwidth of the same threads measured alike (a plain sum, fastest
 2 MB item of a 256 MB buffer), the copy bandwidth (reads + writes) is shown too. x is prepared once outside the timing (bf16 x: int8 quantization or chunk sums, as the glue does).
-Shapes: SmolLM2-135M (H 576, I 1536, qkv N 960, head N 49152) and a Mistral-shaped ~1B (H 2048, I 5632,
-Hq 16 / Hkv 4, D 128); K-quants need K % 256 == 0 (SmolLM2's K = 576 matrices are skipped for them).
+Shapes: SmolLM2-135M (H 576, I 1536, qkv N 960, head N 49152), a Mistral-shaped ~1B (H 2048, I 5632,
+Hq 16 / Hkv 4, D 128) and Mistral-7B (H 4096, I 14336, Hq 32 / Hkv 8, vocabulary 32768); K-quants need K % 256 == 0 (SmolLM2's K = 576 matrices are skipped for them).
 Results: benchmarks/results/cpu_kernels.md.
 """
 
@@ -55,9 +55,14 @@ SHAPES = {
     ("mistral-1b", "o"): (2048, 2048),
     ("mistral-1b", "gate+up"): (11264, 2048),
     ("mistral-1b", "down"): (2048, 5632),
+    ("mistral-7b", "qkv"): (6144, 4096),
+    ("mistral-7b", "o"): (4096, 4096),
+    ("mistral-7b", "gate+up"): (28672, 4096),
+    ("mistral-7b", "down"): (4096, 14336),
+    ("mistral-7b", "head"): (32768, 4096),
 }
 QFORMATS = {"Q4_0": (2, 32), "Q4_1": (3, 32), "Q8_0": (8, 32), "Q4_K": (12, 256), "Q5_K": (13, 256), "Q6_K": (14, 256)}
-PATHS = {0: "int8", 1: "bf16", 2: "fp32"}
+PATHS = {0: "int8", 1: "bf16", 2: "fp32", 3: "int8k"}
 
 
 def build(csrc: Path, out: Path, extra: str = "") -> Path:
@@ -129,6 +134,7 @@ def main() -> None:
     ap.add_argument("--kernels", default="dense,quant")
     ap.add_argument("--formats", default="Q4_1,Q4_K,Q6_K,Q8_0")
     ap.add_argument("--ms", default="1,8")
+    ap.add_argument("--xdtypes", default="bf16,fp32", help="activation dtypes of the quantized rows")
     ap.add_argument("--only-shape", default="", help="substring of 'model weight'")
     ap.add_argument("--pool-mb", type=int, default=64)
     ap.add_argument("--reps", type=int, default=4, help="passes over the pool per measurement, x2 interleaved")
@@ -179,7 +185,7 @@ def main() -> None:
                     rows += [(level, f"dense {dt}", m, ("dense", elem, es)) for m in ms]
             if "quant" in args.kernels:
                 for f in args.formats.split(","):
-                    for xdt in ("bf16", "fp32"):
+                    for xdt in args.xdtypes.split(","):
                         rows += [(level, f"{f} x {xdt}", m, ("quant", f, xdt == "bf16")) for m in ms]
             for level_, name, m, spec in [r for r in rows if r[0] == level]:
                 cells = []

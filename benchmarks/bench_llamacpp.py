@@ -1,7 +1,14 @@
 """Ours vs llama.cpp on the same weights and thread count, in one run (interleaved rounds, medians).
 
     python benchmarks/bench_llamacpp.py [--llama-bin DIR] [--model FILE.gguf] [--threads 2] [--rounds 3]
-                                        [--new-tokens 64] [--files q4_1,bf16,f32] [--out FILE]
+                                        [--new-tokens 64] [--files q4_1,bf16,f32] [--prompt-tokens N]
+                                        [--no-completion] [--out FILE]
+
+Any quantized GGUF: ``--model FILE --files q4_1`` runs the file as is ("q4_1" names the given file, whatever
+its formats) without conversions, e.g. the Mistral-7B-shaped files of benchmarks/make_random_gguf.py::
+
+    python benchmarks/bench_llamacpp.py --model /work/models/mistral7b-random-q4_k_m.gguf --files q4_1 \
+        --prompt-tokens 128 --new-tokens 32 --no-completion --out benchmarks/results/cpu_llamacpp_7b.md
 
 Weights: the default model's GGUF (SmolLM2-135M-Instruct Q4_1: Q4_1 matrices, a Q8_0 tied embedding) and its
 BF16 and F32 conversions made by ``llama-quantize --allow-requantize IN OUT BF16|F32`` (into a temp dir):
@@ -12,7 +19,8 @@ BF16 and F32 conversions made by ``llama-quantize --allow-requantize IN OUT BF16
   llama.cpp on the converted file. Same values: the script loads the converted file with our loader and
   prints the max |difference| to ours dequantized from the Q4_1 file (expected 0).
 
-Same prompt: "What is the capital of France?" through the model's chat template (42 tokens for SmolLM2), then
+Same prompt: "What is the capital of France?" through the model's chat template (42 tokens for SmolLM2), or
+with ``--prompt-tokens N`` the first N tokens of this repository's README.md as plain text; then
 --new-tokens greedy tokens with EOS ignored; --threads threads on both sides (torch.set_num_threads; llama.cpp
 ``-t``). Each round runs every configuration once, ours and llama.cpp alternating; the tables give medians.
 
@@ -147,11 +155,26 @@ def max_abs_diff(converted: Path, original: Path, dtype: torch.dtype) -> float:
     return worst
 
 
-def run_ours(o: Ours, new_tokens: int, bw: float) -> int:
-    """One generate of the chat prompt; appends the measurements; returns the prompt's token count."""
+@dataclass
+class Prompt:
+    """The prompt of every run: text, through the chat template or not."""
+
+    text: str
+    chat: bool
+
+
+def readme_prompt(llm: mistral_kernels.LLM, tokens: int) -> Prompt:
+    """The first ``tokens`` tokens (BOS included) of README.md as plain text."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)[: tokens - 1]
+    return Prompt(llm.tokenizer.decode(ids), chat=False)
+
+
+def run_ours(o: Ours, new_tokens: int, bw: float, prompt: Prompt) -> int:
+    """One generate of the prompt; appends the measurements; returns the prompt's token count."""
     llm = o.llm
     llm.engine.stats.__init__()  # reset the stats line's counters
-    (c,) = llm.generate([QUESTION], chat=True, max_new_tokens=new_tokens, ignore_eos=True)
+    (c,) = llm.generate([prompt.text], chat=prompt.chat, max_new_tokens=new_tokens, ignore_eos=True)
     t = c.timings
     n_prompt = len(c.prompt_token_ids)
     o.prompt.append(n_prompt / (t.first_token - t.arrival))
@@ -163,7 +186,7 @@ def run_ours(o: Ours, new_tokens: int, bw: float) -> int:
 
 
 def run_llama(bin_dir: Path, lc: Llama, prompt_text: str, n_prompt: int, new_tokens: int, threads: int,
-              nbytes: int, bw: float) -> None:
+              nbytes: int, bw: float, completion: bool = True) -> None:
     """llama-bench pp + tg and one llama-completion on ``lc.path``; appends the measurements."""
     common = ["-m", str(lc.path), "-t", str(threads), "-r", "1", "-o", "jsonl"]
     (pp,) = parse_bench_jsonl(_tool(bin_dir, "llama-bench", [*common, "-p", str(n_prompt), "-n", "0"]))
@@ -173,6 +196,8 @@ def run_llama(bin_dir: Path, lc: Llama, prompt_text: str, n_prompt: int, new_tok
     lc.tg.append(tg.avg_ts)
     lc.tg_roofline_pct.append(100 * tg.avg_ts * nbytes / (bw * 1e9))
     lc.build = f"{tg.build_commit} ({tg.cpu_info})"
+    if not completion:
+        return
     out = _tool(bin_dir, "llama-completion", [
         "-m", str(lc.path), "-t", str(threads), "-tb", str(threads), "-p", prompt_text, "-n", str(new_tokens),
         "--ignore-eos", "--temp", "0", "-no-cnv", "-c", str(n_prompt + new_tokens + 16), "-s", "0"])
@@ -203,6 +228,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--files", default=",".join(FILES), help=f"comma-separated subset of {','.join(FILES)}")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="prompt = README.md's first N tokens (0: the chat-formatted question)")
+    ap.add_argument("--no-completion", action="store_true", help="llama-bench only (no llama-completion runs)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cpu_llamacpp.md")
     args = ap.parse_args()
     if args.llama_bin is None:
@@ -236,16 +264,19 @@ def main() -> None:
         # Ours per file: Q4_1 native (two activation dtypes), the others dense from the Q4_1 file.
         ours: dict[str, list[Ours]] = {}
         for f in files:
-            configs = [("native, bf16 act.", torch.bfloat16, True), ("native, fp32 act.", torch.float32, True)] \
+            configs = [("native, bf16 act.", torch.bfloat16, True),
+                       ("native, fp32 act. (default)", torch.float32, True)] \
                 if f == "q4_1" else [(f"dense {f}", DTYPES['bf16' if f == 'bf16' else 'fp32'], False)]
             ours[f] = [Ours(label, mistral_kernels.LLM(model_path, dtype=dt, quantized=q, max_batch=1,
                                                        prefix_caching=False)) for label, dt, q in configs]
         llamas = {f: Llama(gguf_files[f]) for f in files}
-        prompt_ids = ours[files[0]][0].llm.prompt_ids(QUESTION, chat=True)
-        prompt_text = ours[files[0]][0].llm.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        first = ours[files[0]][0].llm
+        prompt = readme_prompt(first, args.prompt_tokens) if args.prompt_tokens else Prompt(QUESTION, chat=True)
+        prompt_ids = first.prompt_ids(prompt.text, chat=prompt.chat)
+        prompt_text = first.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         for group in ours.values():
             for o in group:  # warm-up
-                o.llm.generate([QUESTION], chat=True, max_new_tokens=4, ignore_eos=True)
+                o.llm.generate([prompt.text], chat=prompt.chat, max_new_tokens=4, ignore_eos=True)
 
         for r in range(args.rounds):
             bw = copy_bandwidth_gbs()
@@ -254,11 +285,12 @@ def main() -> None:
             for f in files:
                 nbytes = step_bytes(ours[f][0].llm.model, len(prompt_ids) + args.new_tokens / 2).total
                 for o in ours[f]:
-                    run_ours(o, args.new_tokens, bw)
+                    run_ours(o, args.new_tokens, bw, prompt)
                     print(f"  ours {f} {o.label}: prompt {o.prompt[-1]:.1f} tok/s, decode {o.decode[-1]:.1f} tok/s",
                           flush=True)
                 lc = llamas[f]
-                run_llama(args.llama_bin, lc, prompt_text, len(prompt_ids), args.new_tokens, args.threads, nbytes, bw)
+                run_llama(args.llama_bin, lc, prompt_text, len(prompt_ids), args.new_tokens, args.threads, nbytes, bw,
+                          completion=not args.no_completion)
                 print(f"  llama.cpp {f}: pp {lc.pp[-1]:.1f}, tg {lc.tg[-1]:.1f}, completion prompt "
                       f"{lc.completion_prompt[-1]:.1f} decode {lc.completion_decode[-1]:.1f} tok/s", flush=True)
         bws.append(copy_bandwidth_gbs())
@@ -267,7 +299,7 @@ def main() -> None:
         nbytes_of = {f: step_bytes(ours[f][0].llm.model, len(prompt_ids) + args.new_tokens / 2) for f in files}
 
     text = report(args, model_path, files, ours, llamas, nbytes_of, prompt_ids, checks, bws,
-                  (started, load_start), (ended, load_end))
+                  (started, load_start), (ended, load_end), prompt)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
@@ -276,10 +308,11 @@ def main() -> None:
 
 def report(args: argparse.Namespace, model_path: Path, files: list[str], ours: dict[str, list[Ours]],
            llamas: dict[str, Llama], nbytes_of: dict, prompt_ids: list[int], checks: list[str], bws: list[float],
-           start: tuple[datetime.datetime, str], end: tuple[datetime.datetime, str]) -> str:
+           start: tuple[datetime.datetime, str], end: tuple[datetime.datetime, str], prompt: Prompt) -> str:
     """The markdown report: conditions, value check, decode and prompt tables."""
     n_prompt, g = len(prompt_ids), args.new_tokens
     dense_bf16 = _med(ours["bf16"][0].decode) if "bf16" in ours else None
+    name = {f: model_path.name if f == "q4_1" else f.upper() for f in files}
     decode_rows, prompt_rows = [], []
     for f in files:
         lc = llamas[f]
@@ -291,11 +324,11 @@ def report(args: argparse.Namespace, model_path: Path, files: list[str], ours: d
                 goals.append((d > dense_bf16, f"{d / dense_bf16:.2f}× our dense bf16"))
             missed = [why for ok, why in goals if not ok]
             target = "MISSED: " + ", ".join(missed) if missed else "met"
-            decode_rows.append([f.upper(), o.label, d, _med(o.stats_decode), _med(lc.tg), _med(lc.completion_decode),
+            decode_rows.append([name[f], o.label, d, _med(o.stats_decode), _med(lc.tg), _med(lc.completion_decode),
                                 d / _med(lc.tg), f"{nbytes_of[f].total / 1e6:.0f}", f"{_med(o.roofline_pct):.0f}%",
                                 f"{_med(lc.tg_roofline_pct):.0f}%", f"{_rounds(o.decode)} / {_rounds(lc.tg)}", target])
             p = _med(o.prompt)
-            prompt_rows.append([f.upper(), o.label, p, _med(lc.pp), _med(lc.completion_prompt), p / _med(lc.pp),
+            prompt_rows.append([name[f], o.label, p, _med(lc.pp), _med(lc.completion_prompt), p / _med(lc.pp),
                                 f"{_rounds(o.prompt)} / {_rounds(lc.pp)}"])
     loads = [float(x) for x in (start[1].split(" / ")[0], end[1].split(" / ")[0])]
     busy = max(loads) >= (os.cpu_count() or 1) / 2
@@ -318,7 +351,8 @@ def report(args: argparse.Namespace, model_path: Path, files: list[str], ours: d
         f"bandwidth {_rounds(bws)} GB/s (start, before each round, end). llama.cpp: build {build}.",
         "",
         *([warning] if warning else []),
-        f"Prompt: {QUESTION!r} through the chat template = {n_prompt} tokens (llama-completion tokenized the "
+        (f"Prompt: {QUESTION!r} through the chat template" if prompt.chat else "Prompt: README.md's opening")
+        + f" = {n_prompt} tokens (llama-completion tokenized the "
         f"same text to {token_note}); {g} greedy tokens, EOS ignored. llama-bench: pp = `-p {n_prompt} -n 0`, "
         f"tg = `-p 0 -n {g} -d {n_prompt}` (same context as ours, no sampling). Ours through `LLM.generate` "
         "(wall time: engine and sampling included; \"stats line\" = the engine's step time, as the CLI prints).",

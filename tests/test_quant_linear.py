@@ -6,11 +6,12 @@ Shape letters: M rows of x, K in features, N out features, QK elements per block
 Tolerances (bounds, not fudge factors; ``absprod`` = |x| · |W|ᵀ, γ = K · 2⁻²⁴):
   * fp32 x: the activations are not quantized, so both sides compute the same fp32 dot products in a different
     order: |out - ref| ≤ 2γ · absprod.
-  * bf16 x, M ≤ 16 (GEMV): where the CPU has AVX512-VNNI, the activations are quantized to int8 per 32
-    (csrc/cpu/isa/quant_kernels.h: |x - dx·q| ≤ dx / 2 with dx = max|x| / 127 over the 32), so
-    |out - ref| ≤ Σ_k (max|x| of k's chunk / 254) · |W[n, k]| + 2γ · absprod — the bound applies to every
-    format (those computed exactly, Q6_K and INT8_ROWWISE, are well inside it); then each side rounds once to
-    bf16 (≤ 2⁻⁸ relative each).
+  * bf16 x, M ≤ 16 (GEMV): on the SIMD levels the activations are quantized to int8, per 32 for the 32-blocks
+    and per 256 for the K-quants (csrc/cpu/isa/quant_codes.h: |x - dx·q| ≤ dx / 2 with dx = max|x| / 127 over
+    the chunk), so |out - ref| ≤ Σ_k (max|x| of k's chunk / 254) · |W[n, k]| + 2γ · absprod — the bound applies
+    to every format (those computed exactly, INT8_ROWWISE and everything at the generic level, are well inside
+    it); then each side rounds once to bf16 (≤ 2⁻⁸ relative each). The per-256 path is also checked against
+    an independent numpy model of its quantization (test_qlinear_kquant_int8_matches_numpy_model), tightly.
   * bf16 x, M > 16 (prefill): the dequantized tile is bf16, so every weight is rounded (≤ 2⁻⁹ relative) before
     the GEMM: |out - ref| ≤ (2⁻⁹ + 2γ) · absprod, then the two bf16 roundings.
   * fp16 x: converted to fp32 (exact), fp32 path, one fp16 rounding each side (≤ 2⁻¹¹ relative).
@@ -19,8 +20,10 @@ Any decoding mistake (a wrong nibble, scale or bit) is of the order of absprod i
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+
 
 from mistral_kernels import ops, reference
 from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
@@ -47,9 +50,10 @@ def _check(name: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     gamma = k * 2.0**-24
     w_rel = 2.0**-9 if x.dtype == torch.bfloat16 and m > GEMV_MAX_M else 0.0
     bound = (w_rel + 2 * gamma) * absprod + 1e-30
-    if x.dtype == torch.bfloat16 and m <= GEMV_MAX_M and k % 32 == 0:  # int8 activations, per chunk of 32
-        chunk_max = x.float().abs().reshape(x.shape[0], k // 32, 32).amax(-1)
-        bound = bound + (chunk_max.repeat_interleave(32, dim=1) / 254 * (1 + 1e-5)) @ w.abs().T
+    chunk = 256 if QFORMATS[name].block == 256 else 32  # the int8 activations' chunk: per 256 for K-quants
+    if x.dtype == torch.bfloat16 and m <= GEMV_MAX_M and k % chunk == 0:  # int8 activations
+        chunk_max = x.float().abs().reshape(x.shape[0], k // chunk, chunk).amax(-1)
+        bound = bound + (chunk_max.repeat_interleave(chunk, dim=1) / 254 * (1 + 1e-5)) @ w.abs().T
     out_rel = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[x.dtype]
     bound = bound + out_rel * (2 * expect.float().abs() + bound)
     err = (out.float() - expect.float()).abs()
@@ -165,3 +169,46 @@ def test_qlinear_empty_shapes() -> None:
     assert ops.qlinear(torch.randn(0, 64), q4, QFORMATS["Q4_0"].qtype).shape == (0, 4)
     empty_w = torch.empty(0, 36, dtype=torch.uint8)
     assert ops.qlinear(torch.randn(3, 64), empty_w, QFORMATS["Q4_0"].qtype).shape == (3, 0)
+
+
+def _q8k_model(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bf16) as the per-256 int8 path sees it, written independently in numpy: per 256, amax = max |x|,
+    q = round-half-even(x · fp32(127 / amax)) (one fp32 product, as the kernel), then dk · q with dk = amax / 127
+    in fp32; returned as float64 [M, K]."""
+    xf = x.float().numpy().reshape(x.shape[0], -1, 256)
+    amax = np.abs(xf).max(-1, keepdims=True)
+    inv = np.zeros_like(amax)
+    np.divide(np.float32(127), amax, out=inv, where=amax > 0)  # fp32 / fp32, as the kernel
+    q = np.rint((xf * inv).astype(np.float32))
+    assert np.abs(q).max() <= 127
+    dk = (amax / np.float32(127)).astype(np.float32)
+    return torch.from_numpy((q.astype(np.float64) * dk.astype(np.float64)).reshape(x.shape[0], -1))
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_qlinear_kquant_int8_matches_numpy_model(name: str, M: int) -> None:
+    # bf16 x at M <= 16 on a SIMD level: the K-quants' int8 path (activations per 256, integer sums per
+    # super-block). Against the gguf package's dequantized W times x quantized by _q8k_model in float64: the
+    # integer sums are exact, what remains is fp32 rounding of the per-block scale products and the sums:
+    # |out - model| <= 2^-16 · Σ |w| · |dk · q| (a wrong code, scale, min or bit moves the sum by ~1/K of that,
+    # K = 768: 2^-9.6 — far above), then one bf16 rounding (2^-8 relative). Every ISA level (the generic one
+    # in portable C++) runs this path: scripts/isa_tests.sh runs this file at each.
+    k = 3 * 256
+    qtype = QFORMATS[name].qtype
+    for n in (5, 37):
+        for random_bytes in (False, True):  # random bytes: extreme codes and scales (Q6_K's -128 scale)
+            qweight, _ = random_qweight(name, n, k, seed=n + M, random_bytes=random_bytes)
+            g = torch.Generator().manual_seed(M * 7 + n)
+            x = (torch.randn(M, k, generator=g) * torch.rand(M, k, generator=g) * 4).to(torch.bfloat16)
+            x[0, :256] = 0.0  # an all-zero super-block: dk = 0
+            w = dequantize(qweight, qtype, None).double()
+            xm = _q8k_model(x)
+            model = xm @ w.T
+            absq = xm.abs() @ w.abs().T
+            out = ops.qlinear(x, qweight, qtype)
+            bound = 2.0**-16 * absq + 2.0**-8 * (model.abs() + 2.0**-16 * absq) + 1e-30
+            err = (out.double() - model).abs()
+            assert bool((err <= bound).all()), (name, M, n, random_bytes, float((err / bound).max()))
+            # and the general bound against the exact product
+            _check(name, x, qweight, None, out)

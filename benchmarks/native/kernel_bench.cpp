@@ -34,6 +34,9 @@ const decltype(&isa_generic::gemv_rows) kGemv[4] = MKB_LEVELS(gemv_rows);
 const decltype(&isa_generic::quant_gemv) kQGemv[4] = MKB_LEVELS(quant_gemv);
 const decltype(&isa_generic::quant_prepare_x) kQPrep[4] = MKB_LEVELS(quant_prepare_x);
 const decltype(&isa_generic::quant_bf16_path) kQPath[4] = MKB_LEVELS(quant_bf16_path);
+#if defined(MK_QUANT_PREPARE_X8K)  // trees with the K-quants' per-256 path (absent in older baselines)
+const decltype(&isa_generic::quant_prepare_x8k) kQPrep8k[4] = MKB_LEVELS(quant_prepare_x8k);
+#endif
 
 // Sense-reversing spin barrier (yields after a while: the machine may be shared).
 struct Barrier {
@@ -218,6 +221,13 @@ __attribute__((visibility("default"))) double mkb_quant(int level, int qtype, in
   std::vector<int8_t> xq(M * K);
   const QPath path = xbf16 && qtype != 1000 ? static_cast<QPath>(kQPath[level](qtype)) : QPath::fp32;
   if (path_out) *path_out = static_cast<int>(path);
+  const int16_t* bs = nullptr;
+#if defined(MK_QUANT_PREPARE_X8K)
+  if (path == QPath::int8k) {  // dk in s0, Σ q per 16 (int16) in s1's bytes
+    bs = reinterpret_cast<const int16_t*>(s1.data());
+    kQPrep8k[level](xb.data(), M, K, xq.data(), s0.data(), reinterpret_cast<int16_t*>(s1.data()));
+  } else
+#endif
   if (path != QPath::fp32) kQPrep[level](static_cast<int>(path), xb.data(), M, K, xq.data(), s0.data(), s1.data());
   std::vector<uint16_t> y(static_cast<size_t>(threads) * M * N * 2);
   const auto fn = kQGemv[level];
@@ -228,6 +238,9 @@ __attribute__((visibility("default"))) double mkb_quant(int level, int qtype, in
     const int64_t c0 = (i % (N / NC)) * NC;
     QGemv a{path, qtype, pool.data() + (i / (N / NC)) * mbytes, scales.data(), K, M, xf.data(), xb.data(), xq.data(),
             s0.data(), s1.data(), xbf16 != 0, y.data() + static_cast<size_t>(t) * M * N * 2, N};
+#if defined(MK_QUANT_PREPARE_X8K)
+    a.bs = bs;
+#endif
     fn(a, c0 + n0, c0 + n1);
   }) * static_cast<double>(N / NC);
 }

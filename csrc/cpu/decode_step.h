@@ -119,6 +119,7 @@ struct Kernels {
   decltype(&isa_generic::attn_scan) scan = MK_ISA_CALL(attn_scan);
   decltype(&isa_generic::quant_gemv) qgemv = MK_ISA_CALL(quant_gemv);
   decltype(&isa_generic::quant_prepare_x) qprep = MK_ISA_CALL(quant_prepare_x);
+  decltype(&isa_generic::quant_prepare_x8k) qprep8k = MK_ISA_CALL(quant_prepare_x8k);
 };
 
 inline constexpr int64_t kFfnChunk = 64;  // gate|up columns per chunk (a multiple of 16: silu_mul's vector width)
@@ -152,10 +153,13 @@ inline void warm_slice(const Mat& w, int t, int team) {
   }
 }
 
-// The barrier between phases: spin briefly, then yield the core. OpenMP's barrier spins for a long time
-// (libgomp: ~300,000 iterations) before sleeping; on a machine with more runnable threads than cores a
-// waiting thread then burns the time slice its partner needs (measured on 2 shared cores under load:
-// 8× slower than one thread). Yielding costs one syscall when nothing else is runnable.
+// The barrier between phases: spin briefly, then sleep on the generation word (std::atomic::wait: a futex on
+// Linux) until the last thread's notify. OpenMP's barrier spins for a long time (libgomp: ~300,000
+// iterations) before sleeping; on a machine with more runnable threads than cores a waiting thread then burns
+// the time slice its partner needs (measured on 2 shared cores under load: 8× slower than one thread).
+// Yielding instead (sched_yield in a loop) still left the process waiting ~85 % of a 7B-shaped decode step
+// on 2 cores under load 15 (the yielder stays runnable behind every other process); a sleeping waiter is
+// woken, and scheduled, as its partner arrives.
 class SpinYieldBarrier {
  public:
   void set_size(int n) { n_ = n; }  // before any wait
@@ -164,6 +168,7 @@ class SpinYieldBarrier {
     if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {  // last to arrive: release the others
       count_.store(0, std::memory_order_relaxed);
       gen_.fetch_add(1, std::memory_order_acq_rel);
+      gen_.notify_all();
       return;
     }
     for (int i = 0; gen_.load(std::memory_order_acquire) == gen; ++i) {
@@ -172,7 +177,7 @@ class SpinYieldBarrier {
         __builtin_ia32_pause();
 #endif
       } else {
-        std::this_thread::yield();
+        gen_.wait(gen, std::memory_order_acquire);  // returns once gen_ != gen (or spuriously: re-checked)
       }
     }
   }
@@ -202,7 +207,7 @@ struct AttnScratch {
 // redundantly (a few µs per step at SmolLM2 sizes) instead of one thread + one more barrier per matrix; the
 // input is the thread's private norm output or complete after the previous barrier.
 struct XNeeds {
-  bool f32 = false, i8 = false, bsum = false;
+  bool f32 = false, i8 = false, i8k = false, bsum = false;
 };
 template <typename T>
 XNeeds x_needs(const Mat& w) {
@@ -212,6 +217,7 @@ XNeeds x_needs(const Mat& w) {
     if (p.qtype == kDense) continue;
     nd.f32 |= p.path == QPath::fp32 && !std::is_same_v<T, float>;
     nd.i8 |= p.path == QPath::int8;
+    nd.i8k |= p.path == QPath::int8k;
     nd.bsum |= p.path == QPath::bf16;
   }
   return nd;
@@ -220,13 +226,16 @@ XNeeds x_needs(const Mat& w) {
 template <typename T>
 struct XPrep {
   std::vector<float> xf, dx, xs, xsum, yf;  // yf: fp16 x, a packed part's fp32 output before rounding to T
-  std::vector<int8_t> xq;
+  std::vector<int8_t> xq, xqk;    // int8 per 32, per 256
+  std::vector<float> dk;          // int8k: per 256
+  std::vector<int16_t> bs;        // int8k: Σ q per 16
   const T* x = nullptr;  // the input [M, K]
   int64_t K = 0;
   // all: what any matrix of the step needs; Kmax the widest input, Nmax the most output rows of one call
   XPrep(const XNeeds& all, bool packed, int64_t M, int64_t Kmax, int64_t Nmax) {
     if (all.f32) xf.resize(M * Kmax);
     if (all.i8) xq.resize(M * Kmax), dx.resize(M * Kmax / 32 + 1), xs.resize(M * Kmax / 32 + 1);
+    if (all.i8k) xqk.resize(M * Kmax), dk.resize(M * Kmax / 256 + 1), bs.resize(M * Kmax / 16 + 1);
     if (all.bsum) xsum.resize(M * Kmax / 32 + 1);
     if (std::is_same_v<T, c10::Half> && packed) yf.resize(M * Nmax);
   }
@@ -237,6 +246,7 @@ struct XPrep {
       for (int64_t i = 0; i < M * K; ++i) xf[i] = to_f(x[i]);
     const auto* xb = reinterpret_cast<const uint16_t*>(x);  // int8 / bf16 paths: T is bf16
     if (nd.i8) kn.qprep(static_cast<int>(QPath::int8), xb, M, K, xq.data(), dx.data(), xs.data());
+    if (nd.i8k) kn.qprep8k(xb, M, K, xqk.data(), dk.data(), bs.data());
     if (nd.bsum) kn.qprep(static_cast<int>(QPath::bf16), xb, M, K, nullptr, xsum.data(), nullptr);
   }
 };
@@ -251,9 +261,11 @@ void part_rows(const Kernels& kn, const Part& p, XPrep<T>& xp, int64_t M, T* y, 
     return;
   }
   const float* xf = std::is_same_v<T, float> ? reinterpret_cast<const float*>(xp.x) : xp.xf.data();
+  const bool k8 = p.path == QPath::int8k;
   QGemv g{p.path, p.qtype, w, p.scales ? p.scales + la : nullptr, xp.K, M, xf,
-          reinterpret_cast<const uint16_t*>(xp.x), xp.xq.data(), p.path == QPath::int8 ? xp.dx.data() : xp.xsum.data(),
-          xp.xs.data(), std::is_same_v<T, c10::BFloat16>, y, ldy};
+          reinterpret_cast<const uint16_t*>(xp.x), k8 ? xp.xqk.data() : xp.xq.data(),
+          k8 ? xp.dk.data() : p.path == QPath::int8 ? xp.dx.data() : xp.xsum.data(),
+          xp.xs.data(), std::is_same_v<T, c10::BFloat16>, y, ldy, xp.bs.data()};
   if constexpr (std::is_same_v<T, c10::Half>) {  // fp32 out, then one rounding (qlinear: out.copy_ of fp32)
     g.y = xp.yf.data(), g.ldy = n;
     kn.qgemv(g, 0, n);
@@ -345,7 +357,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
   for (int64_t l = 0; l < L; ++l)
     for (const Mat* w : {&layers[l].qkv, &layers[l].wo, &layers[l].w13, &layers[l].w2}) {
       const XNeeds nd = x_needs<T>(*w);
-      needs.f32 |= nd.f32, needs.i8 |= nd.i8, needs.bsum |= nd.bsum;
+      needs.f32 |= nd.f32, needs.i8 |= nd.i8, needs.i8k |= nd.i8k, needs.bsum |= nd.bsum;
       for (int64_t i = 0; i < w->n; ++i) packed |= w->parts[i].qtype != kDense;
     }
 #if defined(_OPENMP)

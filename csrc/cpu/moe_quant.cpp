@@ -92,7 +92,10 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
       float* a0 = reinterpret_cast<float*>(xq_buf.data_ptr());
       float* a1 = a0 + M * C;
       int8_t* q = reinterpret_cast<int8_t*>(a1 + M * C);
-      MK_ISA_CALL(quant_prepare_x)(static_cast<int>(path), xb, M, K, q, a0, a1);
+      if (path == QPath::int8k)  // per 256: dk in a0's place, Σ q per 16 (int16) in a1's
+        MK_ISA_CALL(quant_prepare_x8k)(xb, M, K, q, a0, reinterpret_cast<int16_t*>(a1));
+      else
+        MK_ISA_CALL(quant_prepare_x)(static_cast<int>(path), xb, M, K, q, a0, a1);
       s0 = a0, s1 = a1, xq = q;
     }
   }
@@ -116,10 +119,12 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
       const float* s = sbase[k.proj] ? sbase[k.proj] + k.g * N : nullptr;
       const int64_t col0 = k.proj * N;  // the projection's first column in Y
       if (k.rows <= kGemvMaxM) {
+        const bool k8 = path == QPath::int8k;
         QGemv a{path, static_cast<int32_t>(qtype), w, s, K, k.rows,
                 xfp ? xfp + k.row0 * K : nullptr, xb ? xb + k.row0 * K : nullptr, xq ? xq + k.row0 * K : nullptr,
-                s0 ? s0 + k.row0 * C : nullptr, s1 ? s1 + k.row0 * C : nullptr, y_bf16,
-                ybase + (k.row0 * ldy + col0) * yelt, ldy};
+                s0 ? s0 + k.row0 * (k8 ? K / 256 : C) : nullptr, s1 && !k8 ? s1 + k.row0 * C : nullptr, y_bf16,
+                ybase + (k.row0 * ldy + col0) * yelt, ldy,
+                k8 ? reinterpret_cast<const int16_t*>(s1) + k.row0 * (K / 16) : nullptr};
         gemv(a, k.n0, k.n1);
       } else {
         if (!tile.defined()) tile = at::empty({tile_rows, K}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));

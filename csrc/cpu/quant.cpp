@@ -1,8 +1,9 @@
 // cpu/quant.cpp — native CPU qlinear (MK_QUANT_OPS): out[M, N] = x[M, K] · W[N, K]ᵀ with W in a quantized
 // format (csrc/kernels/quant_blocks.h). x / out fp32, bf16 or fp16; fp32 accumulation. The kernels are
 // csrc/cpu/isa/quant_kernels.h (framework-free, per ISA level: isa/quant.h); this file checks arguments, converts and picks the path:
-//   M ≤ kGemvMaxM (decode): the GEMV kernels, parallel over N (at::parallel_for); bf16 x takes the int8 (VNNI)
-//     or bf16 dot-product paths where the CPU and format have them, anything else the fp32 decoding (x converted
+//   M ≤ kGemvMaxM (decode): the GEMV kernels, parallel over N (at::parallel_for); bf16 x takes the int8 paths
+//     (activations per 32 for the 32-blocks, per 256 for the K-quants; integer dot products) where the level
+//     has them, anything else the fp32 decoding (x converted
 //     to fp32 once, M·K elements). Results are written once in out's dtype. Bound: memory — the packed bytes
 //     N·R per call at copy bandwidth.
 //   M > kGemvMaxM (prefill): one parallel region over tiles of W's rows — equal tiles, the same number per
@@ -73,13 +74,19 @@ void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
     xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
     a.xf = xf.const_data_ptr<float>();
   } else {
-    // per chunk of 32 activations: (int8 path) the scale dx and dx · Σ q, then the int8 x; (bf16 path) Σ x
+    // per chunk of 32 activations: (int8 path) the scale dx and dx · Σ q, then the int8 x; (bf16 path) Σ x;
+    // (int8k path) per 256 the scale dk in s0's place, per 16 Σ q as int16 in s1's place, the int8 x
     uint8_t* buf = scratch(static_cast<size_t>(2 * M * nchunks) * sizeof(float) + static_cast<size_t>(M * K));
     float* s0 = reinterpret_cast<float*>(buf);
     float* s1 = s0 + M * nchunks;
     int8_t* xq = reinterpret_cast<int8_t*>(s1 + M * nchunks);
     a.xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
-    MK_ISA_CALL(quant_prepare_x)(static_cast<int>(path), a.xb, M, K, xq, s0, s1);
+    if (path == QPath::int8k) {
+      a.bs = reinterpret_cast<const int16_t*>(s1);
+      MK_ISA_CALL(quant_prepare_x8k)(a.xb, M, K, xq, s0, reinterpret_cast<int16_t*>(s1));
+    } else {
+      MK_ISA_CALL(quant_prepare_x)(static_cast<int>(path), a.xb, M, K, xq, s0, s1);
+    }
     a.xq = xq, a.s0 = s0, a.s1 = s1;
   }
   with_out(out, [&](auto* yp) {

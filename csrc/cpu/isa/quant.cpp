@@ -9,6 +9,7 @@ namespace {
 
 template <int32_t QT>
 constexpr QPath bf16_path() {
+  if constexpr (quant::kInt8K<QT>) return QPath::int8k;  // every level (portable at the generic one)
 #if defined(MK_QUANT_CODES)
   if constexpr (quant::kInt8Dot<QT>) return QPath::int8;
 #endif
@@ -26,6 +27,9 @@ void gemv_as(const QGemv& a, OUT* y, int64_t n0, int64_t n1) {
   }
   const auto* w = static_cast<const uint8_t*>(a.w);
   ::mk::with_block_qtype(a.qtype, [&]<int32_t QT>() {
+    if constexpr (bf16_path<QT>() == QPath::int8k) {
+      if (a.path == QPath::int8k) return quant::gemv_rows_q8k<QT>(w, a.K, a.xq, a.s0, a.bs, a.M, y, a.ldy, n0, n1);
+    }
 #if defined(MK_QUANT_CODES)
     if constexpr (bf16_path<QT>() == QPath::int8) {
       if (a.path == QPath::int8) return quant::gemv_rows_q8<QT>(w, a.K, a.xq, a.s0, a.s1, a.M, y, a.ldy, n0, n1);
@@ -56,6 +60,10 @@ void quant_prepare_x(int path, const uint16_t* xb, int64_t M, int64_t K, int8_t*
   if (path == static_cast<int>(QPath::bf16)) return quant::chunk_sums_bf16(xb, M, K, s0);
 #endif
   (void)path, (void)xb, (void)M, (void)K, (void)xq, (void)s0, (void)s1;
+}
+
+void quant_prepare_x8k(const uint16_t* xb, int64_t M, int64_t K, int8_t* xq, float* dk, int16_t* bs) {
+  quant::quantize_x_q8k(xb, M, K, xq, dk, bs);
 }
 
 // The prefill tiles of the avx2 level come from the generic copy of the dequantization: the portable loop

@@ -14,17 +14,20 @@
 //                       among the 16 values of 4-bit codes), FMA against x, up to 4 rows of x per pass.
 //                       Exact up to fp32 summation order (the activations are not quantized). Also fp16 x and
 //                       bf16 x without the paths below.
-//   gemv_rows_q8<QT>    bf16 x (quant_codes.h): x quantized to int8 per 32 once per call, the codes' integer
-//                       dot products (vpdpbusd with AVX512-VNNI, vpmaddubsw + vpmaddwd with AVX2); all formats
-//                       but Q6_K on AVX512-BF16 (see its section for the error bound).
-//   gemv_rows_bf16<QT>  bf16 x, AVX512-BF16 (Q6_K): the codes as exact bf16 by a lookup, vdpbf16ps: exact up
-//                       to fp32 summation order.
+//   gemv_rows_q8<QT>    bf16 x, Q4_0 / Q4_1 / Q8_0 (quant_codes.h): x quantized to int8 per 32 once per call,
+//                       the codes' integer dot products (vpdpbusd with AVX512-VNNI, vpmaddubsw + vpmaddwd with
+//                       AVX2; see its section for the error bound).
+//   gemv_rows_q8k<QT>   bf16 x, Q4_K / Q5_K / Q6_K (quant_codes.h; portable copy below for the generic level):
+//                       x quantized to int8 per 256, integer sums over each super-block.
+//   gemv_rows_bf16<QT>  bf16 x, AVX512-BF16: the codes as exact bf16 by a lookup, vdpbf16ps: exact up to fp32
+//                       summation order (no format takes it by default now: every one has an int8 path).
 //   gemv_rows_i8        INT8_ROWWISE (int8 [N, K] + fp32 scales [N]): scale[n] · Σ_k q[n, k] · x[k] in fp32.
 // Prefill, M > 16: dequant_rows<QT> writes W[n0..n1, K] as fp32 or bf16 rows, tiles for the GEMM of
 //   csrc/cpu/quant.cpp; bound: that GEMM, 2·M·N·K FLOPs (the dequantization is N·K stores, O(1/M) of it).
 // Portable path (generic level): dequant_block<QT> (quant_blocks.h) into a buffer and a plain dot product.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -416,6 +419,122 @@ inline void dot_row_i8(const int8_t* q, int64_t K, const float* x, int64_t ldx, 
 }
 
 #endif
+
+#if !defined(MK_QUANT_CODES)
+// ---- portable K-quant int8 path (the generic level): quant_codes.h's per-256 scheme in plain C++ ----------------
+// The same quantization of x (per 256, sums per 16) and the same integer sums per super-block; the compiler
+// vectorises the 16-element integer loops where it can (NEON, SSE2). Every level gets the same integers.
+template <int32_t QT>
+inline constexpr bool kInt8K = QT == ::mk::kQ4_K || QT == ::mk::kQ5_K || QT == ::mk::kQ6_K;
+
+// One super-block's unsigned codes c[256] (Q6_K: q + 32), the int scale per 16 elements sc[16] and the int
+// correction weight per 16 mn[16] (Q4_K / Q5_K: the 6-bit min of the 32 it is in; Q6_K: the scale), d, dmin.
+template <int32_t QT>
+inline void codes_k(const uint8_t* blk, uint8_t* c, int32_t* sc, int32_t* mn, float& d, float& dmin) {
+  if constexpr (QT == ::mk::kQ4_K || QT == ::mk::kQ5_K) {
+    d = load_fp16(blk), dmin = load_fp16(blk + 2);
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + (QT == ::mk::kQ5_K ? 48 : 16);
+    for (int s = 0; s < 8; ++s) {
+      int a, m;
+      ::mk::scale_min_k4(s, blk + 4, a, m);
+      sc[2 * s] = sc[2 * s + 1] = a;
+      mn[2 * s] = mn[2 * s + 1] = m;
+      const int pair = s / 2, half = s % 2;
+      for (int l = 0; l < 32; ++l) {
+        int q = half ? qs[32 * pair + l] >> 4 : qs[32 * pair + l] & 15;
+        if constexpr (QT == ::mk::kQ5_K) q |= ((qh[l] >> s) & 1) << 4;
+        c[32 * s + l] = static_cast<uint8_t>(q);
+      }
+    }
+  } else {
+    d = load_fp16(blk + 208), dmin = 0.0f;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = blk + 64 * h;
+      const uint8_t* qh = blk + 128 + 32 * h;
+      uint8_t* ch = c + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        ch[l] = static_cast<uint8_t>((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4));
+        ch[l + 32] = static_cast<uint8_t>((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+        ch[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        ch[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+      }
+    }
+    const int8_t* s8 = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int j = 0; j < 16; ++j) sc[j] = mn[j] = s8[j];
+  }
+}
+
+template <int32_t QT, int MB, typename OUT>
+inline void dot_row_q8k(const uint8_t* row, int64_t nblocks, const int8_t* xq, int64_t K, const float* dk,
+                        const int16_t* bs, OUT* y, int64_t ldy) {
+  constexpr int BYTES = Geometry<QT>::BYTES;
+  const int64_t KB = K / 256;
+  float acc[MB] = {};
+  uint8_t c[256];
+  int32_t sc[16], mn[16];
+  for (int64_t b = 0; b < nblocks; ++b) {
+    float d, dmin;
+    codes_k<QT>(row + b * BYTES, c, sc, mn, d, dmin);
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* q = xq + m * K + 256 * b;
+      const int16_t* bsm = bs + m * (K / 16) + 16 * b;
+      int32_t sum = 0, corr = 0;
+      for (int j = 0; j < 16; ++j) {
+        int32_t t = 0;
+        for (int l = 0; l < 16; ++l) t += static_cast<int32_t>(c[16 * j + l]) * q[16 * j + l];
+        sum += sc[j] * t;
+        corr += mn[j] * bsm[j];
+      }
+      const float dx = dk[m * KB + b];
+      if constexpr (QT == ::mk::kQ6_K)
+        acc[m] += d * dx * static_cast<float>(sum - 32 * corr);
+      else
+        acc[m] += d * dx * static_cast<float>(sum) - dmin * dx * static_cast<float>(corr);
+    }
+  }
+  for (int m = 0; m < MB; ++m) y[m * ldy] = out_cast<OUT>(acc[m]);
+}
+
+template <int32_t QT, typename OUT>
+void gemv_rows_q8k(const uint8_t* w, int64_t K, const int8_t* xq, const float* dk, const int16_t* bs, int64_t M,
+                   OUT* y, int64_t ldy, int64_t n0, int64_t n1) {
+  const int64_t nblocks = K / 256, R = nblocks * Geometry<QT>::BYTES, KB = K / 256, K16 = K / 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4)
+      dot_row_q8k<QT, 4>(w + n * R, nblocks, xq + m * K, K, dk + m * KB, bs + m * K16, y + m * ldy + n, ldy);
+    for (; m < M; ++m)
+      dot_row_q8k<QT, 1>(w + n * R, nblocks, xq + m * K, K, dk + m * KB, bs + m * K16, y + m * ldy + n, ldy);
+  }
+}
+
+// As quant_codes.h's quantize_x_q8k: per 256, dk = max|x| / 127 (NaN if any element is NaN or ±inf),
+// q = nearest-even(x · fp32(127 / max|x|)), Σ q per 16.
+inline void quantize_x_q8k(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, float* dk, int16_t* bs) {
+  for (int64_t i = 0; i < M * (K / 256); ++i) {
+    const uint16_t* xb = x + 256 * i;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int l = 0; l < 256; ++l) {
+      const float v = to_f(bf16{xb[l]});
+      finite = finite && std::isfinite(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    dk[i] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < 16; ++j) {
+      int32_t sum = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int q = static_cast<int>(std::nearbyint(to_f(bf16{xb[16 * j + l]}) * inv));  // nearest even
+        xq[256 * i + 16 * j + l] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      bs[16 * i + j] = static_cast<int16_t>(sum);
+    }
+  }
+}
+#endif  // portable K-quant int8 path
 
 // y[M, n] for n in [n0, n1): y has leading dimension ldy (N). x [M, K] fp32 contiguous.
 template <int32_t QT, typename OUT>
