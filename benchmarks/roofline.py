@@ -2,9 +2,9 @@
 
 Shape letters: L layers, E experts (k of them active per token), V vocab, H hidden.
 
-The rule for weights is :func:`mistral_kernels.stats.weight_bytes` (the stats line's): every matrix once, the
-input embedding table only by rows (not counted), packed (quantized) matrices by their packed bytes. Here
-it is split into the decoder layers and the head (final norm + LM head), and a MoE layer counts only the k of
+The weights are the model's :meth:`~mistral_kernels.model.Model.step_weights` counted by
+:func:`mistral_kernels.quant_weight.weight_bytes` (the stats line's rule): every matrix once, the input
+embedding table only by rows (not counted), packed (quantized) matrices by their packed bytes. Here it is split into the decoder layers and the head (final norm + LM head), and a MoE layer counts only the k of
 E experts one token goes through (batch 1). The KV cache adds ``kv_bytes_per_token × context`` (the keys and
 values every layer reads, at most a sliding window of them). Roofline tok/s at batch 1 = copy bandwidth /
 (layers + head + KV bytes).
@@ -16,10 +16,9 @@ natively packed: Q4_1 layers (0.625 bytes / weight) + the Q8_0 head (1.0625 byte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-from mistral_kernels.stats import weight_bytes
+from mistral_kernels.quant_weight import weight_bytes
 
 __all__ = ["StepBytes", "step_bytes"]
 
@@ -43,22 +42,22 @@ class StepBytes:
         return self.layers + self.head
 
 
-def _layer_bytes(layer: Any, top_k: int, num_experts: int) -> int:
-    """One layer's weight bytes, its expert stacks [E, ..] scaled to the k experts a token uses."""
-    total = weight_bytes(SimpleNamespace(layers=[layer]))
-    if not num_experts:
-        return total
-    experts = weight_bytes(SimpleNamespace(layers=[SimpleNamespace(**{n: getattr(layer, n) for n in _EXPERTS})]))
-    return total - experts + experts * top_k // num_experts
-
-
 def step_bytes(model: Any, context: float) -> StepBytes:
     """The bytes of one batch-1 decode step of ``model`` (a :class:`mistral_kernels.model.Model`) attending
     to ``context`` keys (mean over the steps measured)."""
     c = model.config
-    experts = c.num_experts if c.is_moe else 0
-    layers = sum(_layer_bytes(ly, c.top_k, experts) for ly in model.layers)
-    head = weight_bytes(SimpleNamespace(norm=model.norm, lm_head=model.lm_head))
+    layers: dict[str, list[Any]] = {}  # layer prefix → its weights (expert stacks apart)
+    experts: dict[str, list[Any]] = {}
+    head: list[Any] = []
+    for name, w in model.step_weights():
+        if not name.startswith("layers."):
+            head.append(w)
+            continue
+        prefix, leaf = name.rsplit(".", 1)
+        (experts if c.is_moe and leaf in _EXPERTS else layers).setdefault(prefix, []).append(w)
+    # per layer: its dense weights + its expert stacks [E, ..] scaled to the k experts a token uses
+    layer_bytes = sum(weight_bytes(ws) for ws in layers.values())
+    layer_bytes += sum(weight_bytes(ws) * c.top_k // c.num_experts for ws in experts.values())
     keys = min(context, c.sliding_window) if c.sliding_window else context
     kv = round(keys * c.kv_bytes_per_token(model.dtype))
-    return StepBytes(layers=layers, head=head, kv=kv)
+    return StepBytes(layers=layer_bytes, head=weight_bytes(head), kv=kv)

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from mistral_kernels.ops import reference
-from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
-from mistral_kernels.ops.reference import dequantize
+from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
+from mistral_kernels.quant_formats import dequantize
 
 from .conftest import Backend
 from .quant_data import FORMATS, random_qweight

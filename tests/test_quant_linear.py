@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from mistral_kernels import ops, reference
-from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
-from mistral_kernels.ops.reference import dequantize
+from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
+from mistral_kernels.quant_formats import dequantize
 
 from .quant_data import FORMATS, random_qweight
 

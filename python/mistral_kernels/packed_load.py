@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from .errors import CheckpointError
-from .ops.quant import QFORMAT_BY_CODE, QFormat
+from .quant_formats import QFORMAT_BY_CODE, QFormat
 from .quant_weight import FusedWeight, PackedWeight, QuantizedWeight, quantize_int8
 from .tensor_io import TensorInfo
 
