@@ -8,7 +8,8 @@
 Models: SmolLM2-135M-Instruct (the default Q4_1 GGUF, real weights), a random Mistral-shaped model (~0.9B
 dense parameters, GQA: H 2048, I 5632, 16 layers, 16 / 4 heads, vocab 49152; saved in bf16) and a random
 Mixtral-shaped model (8 experts, top-2, ~1B parameters), both saved with transformers' save_pretrained into a
-temp dir (or ``--model-cache DIR``, reused by later runs). ``all`` = SmolLM2 and Mixtral (the Mistral model is
+temp dir (or ``--model-cache DIR``, reused by later runs) and run with no tokenizer (the engine alone, token ids
+in: nothing to download). ``all`` = SmolLM2 and Mixtral (the Mistral model is
 opt-in: its fp32 copy is ~3.7 GB; ours and transformers load one after the other, peak RSS 4.7 GB measured
 for ours in bf16 then fp32).
 
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -85,10 +87,11 @@ def ours(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, de
     (``profile``) the split of a batch-1 decode step."""
     from mistral_kernels.sampling import SamplingParams
 
-    # The random models have no tokenizer of their own: borrow SmolLM2's; prompts are ids.
-    tokenizer = None if path.suffix == ".gguf" else default_model_path()
-    llm = mistral_kernels.LLM(path, dtype=dtype, max_batch=8, tokenizer=tokenizer, device=device,
-                              quantized=quantized, prefix_caching=False)
+    if path.suffix == ".gguf":
+        llm = mistral_kernels.LLM(path, dtype=dtype, max_batch=8, device=device, quantized=quantized,
+                                  prefix_caching=False)
+    else:  # the random models have no tokenizer: the engine alone, token ids in (no download, no borrowed one)
+        llm = tokenizer_free(path, dtype, device)
     if per_op:
         llm.model.cpu_decode = None
     cfg = llm.model.config
@@ -122,6 +125,20 @@ def ours(path: Path, dtype: torch.dtype, prompt_tokens: int, new_tokens: int, de
     prof = profile_decode(llm, prompt[:16], new_tokens) if profile else None
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     return res, step_bytes(llm.model, context), weights_label(llm.model, dtype_name), prof
+
+
+def tokenizer_free(path: Path, dtype: torch.dtype, device: str, max_batch: int = 8,
+                   max_tokens_per_step: int = 512) -> SimpleNamespace:
+    """``model`` and ``engine`` (no tokenizer: ids in, EOS from the config) of the checkpoint at ``path``, with
+    the KV pool LLM would size; what ``ours`` uses of an LLM."""
+    from mistral_kernels.cache import default_num_blocks
+    from mistral_kernels.engine import Engine
+
+    model = mistral_kernels.load_model(path, device=device, dtype=dtype)
+    blocks = default_num_blocks(model.config, 16, max_batch, max_tokens_per_step)
+    engine = Engine(model, None, num_blocks=blocks, block_size=16, max_batch=max_batch,
+                    max_tokens_per_step=max_tokens_per_step, prefix_caching=False)
+    return SimpleNamespace(model=model, engine=engine)
 
 
 # ---- transformers -------------------------------------------------------------------------------------

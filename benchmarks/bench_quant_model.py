@@ -134,8 +134,8 @@ def run_smollm2(threads: int, rounds: int, new_tokens: int) -> dict[str, dict[st
 
 def int8_table() -> list[list[str]]:
     """Parameter memory from the preset configs: bf16 vs int8 weight-only (matrices int8 + an fp32 scale per
-    row; norms, router and embedding in bf16) — the rule of mistral_kernels.weight_footprint."""
-    from mistral_kernels.weights import expected_shapes
+    row; norms, router and embedding in bf16) — the rule of mistral_kernels.checkpoint.footprint."""
+    from mistral_kernels.checkpoint import expected_shapes
 
     rows = []
     for label, config in (("Mistral-7B-v0.3", ModelConfig.mistral_7b_v03()), ("Mixtral-8x7B", ModelConfig.mixtral_8x7b())):

@@ -1,5 +1,6 @@
-"""Benchmark helpers: median wall time after warm-up (CUDA events on a GPU), the copy bandwidth of the
-device (host memory or HBM, measured in the same run), markdown tables.
+"""Benchmark helpers: median wall time after warm-up (CUDA events on a GPU; optionally with the L2 cache
+flushed before every timed call), the copy bandwidth of the device (host memory or HBM, measured in the same
+run), the dense bf16 tensor-core peak of known GPUs, markdown tables.
 
 Timings are ratios measured in one process run (ours vs reference / transformers / the device's copy
 bandwidth); never asserted in tests.
@@ -43,6 +44,48 @@ def cuda_time(fn: Callable[[], object], *, warmup: int = 5, repeats: int = 30) -
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+
+def flushed_cuda_time(fn: Callable[[], object], flush: torch.Tensor, *, warmup: int = 3, repeats: int = 20) -> float:
+    """:func:`cuda_time` with ``flush`` (a device buffer larger than the L2 cache: :func:`l2_flush_buffer`)
+    overwritten before each timed call, outside its event pair: every call starts with nothing of its own data
+    in L2, so bytes / time is an HBM bandwidth even for a working set that fits in L2."""
+    for _ in range(warmup):
+        fn()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, end in pairs:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+
+def l2_bytes(device: str) -> int:
+    """The L2 cache size of a CUDA device (H100 50 MB, H200 60 MB); 0 elsewhere."""
+    if torch.device(device).type != "cuda":
+        return 0
+    return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
+
+
+def l2_flush_buffer(device: str) -> torch.Tensor:
+    """A device buffer of 4 × the L2 size (at least 256 MiB) to overwrite between timed calls."""
+    return torch.empty(max(4 * l2_bytes(device), 256 << 20), dtype=torch.uint8, device=device)
+
+
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from the vendor data sheets; matched by device name,
+# the longest key first (the "H100 PCIe" before the "H100" of the SXM module).
+DENSE_BF16_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "H800": 989.0,
+                          "A100": 312.0}
+
+
+def dense_bf16_peak_tflops(name: str) -> float | None:
+    """The dense bf16 peak of the GPU called ``name`` (torch.cuda.get_device_name), None if unknown."""
+    for key in sorted(DENSE_BF16_PEAK_TFLOPS, key=len, reverse=True):
+        if key in name:
+            return DENSE_BF16_PEAK_TFLOPS[key]
+    return None
 
 
 def device_time(fn: Callable[[], object], device: str, **kw: int) -> float:

@@ -110,13 +110,12 @@ def profile_decode(llm: Any, prompt_ids: list[int], steps: int) -> DecodeProfile
         runner_module.sample = _Timed(sample, spans, "sample")
         undo.append(lambda: setattr(runner_module, "sample", sample))
 
-        rid = engine.add_request(prompt_ids, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
+        engine.add_request(prompt_ids, SamplingParams(max_new_tokens=steps + 1, ignore_eos=True))
         per_step: list[Spans] = []
-        while not engine.is_finished(rid):
+        while engine.has_unfinished():
             spans.clear()
-            engine.step()
+            engine.step()  # the request's completion comes with its last output (not needed here)
             per_step.append(dict(spans))
-        engine.pop_completion(rid)
     finally:
         for fn in reversed(undo):
             fn()

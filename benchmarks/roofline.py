@@ -4,8 +4,9 @@ Shape letters: L layers, E experts (k of them active per token), V vocab, H hidd
 
 The weights are the model's :meth:`~mistral_kernels.model.Model.step_weights` counted by
 :func:`mistral_kernels.quant_weight.weight_bytes` (the stats line's rule): every matrix once, the input
-embedding table only by rows (not counted), packed (quantized) matrices by their packed bytes. Here it is split into the decoder layers and the head (final norm + LM head), and a MoE layer counts only the k of
-E experts one token goes through (batch 1). The KV cache adds ``kv_bytes_per_token × context`` (the keys and
+embedding table only by rows (not counted), packed (quantized) matrices by their packed bytes. Here it is
+split into the decoder layers and the head (final norm + LM head), and a MoE layer counts only the k of E
+experts one token goes through (batch 1). The KV cache adds ``kv_bytes_per_token × context`` (the keys and
 values every layer reads, at most a sliding window of them). Roofline tok/s at batch 1 = copy bandwidth /
 (layers + head + KV bytes).
 
@@ -20,7 +21,7 @@ from typing import Any
 
 from mistral_kernels.quant_weight import weight_bytes
 
-__all__ = ["StepBytes", "step_bytes"]
+__all__ = ["StepBytes", "batch_step_bytes", "expected_experts", "step_bytes"]
 
 _EXPERTS = ("w1", "w2", "w3")
 
@@ -42,11 +43,10 @@ class StepBytes:
         return self.layers + self.head
 
 
-def step_bytes(model: Any, context: float) -> StepBytes:
-    """The bytes of one batch-1 decode step of ``model`` (a :class:`mistral_kernels.model.Model`) attending
-    to ``context`` keys (mean over the steps measured)."""
-    c = model.config
-    layers: dict[str, list[Any]] = {}  # layer prefix → its weights (expert stacks apart)
+def _split(model: Any) -> tuple[dict[str, list[Any]], dict[str, list[Any]], list[Any]]:
+    """``model.step_weights()`` by where they sit: per layer its dense weights, per layer its expert stacks
+    (MoE), and the head (final norm + LM head)."""
+    layers: dict[str, list[Any]] = {}
     experts: dict[str, list[Any]] = {}
     head: list[Any] = []
     for name, w in model.step_weights():
@@ -54,10 +54,41 @@ def step_bytes(model: Any, context: float) -> StepBytes:
             head.append(w)
             continue
         prefix, leaf = name.rsplit(".", 1)
-        (experts if c.is_moe and leaf in _EXPERTS else layers).setdefault(prefix, []).append(w)
-    # per layer: its dense weights + its expert stacks [E, ..] scaled to the k experts a token uses
-    layer_bytes = sum(weight_bytes(ws) for ws in layers.values())
-    layer_bytes += sum(weight_bytes(ws) * c.top_k // c.num_experts for ws in experts.values())
+        (experts if model.config.is_moe and leaf in _EXPERTS else layers).setdefault(prefix, []).append(w)
+    return layers, experts, head
+
+
+def _layers_bytes(model: Any, batch: int = 1) -> int:
+    """The decoder layers' weight bytes, expert stacks [E, ..] scaled to the experts ``batch`` tokens use (k of
+    E for one token; :func:`expected_experts` for more)."""
+    c = model.config
+    layers, experts, _ = _split(model)
+    total = sum(weight_bytes(ws) for ws in layers.values())
+    for ws in experts.values():
+        e = weight_bytes(ws)
+        total += e * c.top_k // c.num_experts if batch == 1 else \
+            round(e * expected_experts(c.num_experts, c.top_k, batch) / c.num_experts)
+    return total
+
+
+def expected_experts(num_experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts ``batch`` tokens touch on average when each picks ``top_k`` of ``num_experts``
+    uniformly: E · (1 − (1 − k/E)^B) (7.98 of 8 at B = 32, k = 2)."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** batch)
+
+
+def step_bytes(model: Any, context: float) -> StepBytes:
+    """The bytes of one batch-1 decode step of ``model`` (a :class:`mistral_kernels.model.Model`) attending
+    to ``context`` keys (mean over the steps measured)."""
+    c = model.config
     keys = min(context, c.sliding_window) if c.sliding_window else context
     kv = round(keys * c.kv_bytes_per_token(model.dtype))
-    return StepBytes(layers=layer_bytes, head=weight_bytes(head), kv=kv)
+    return StepBytes(layers=_layers_bytes(model), head=weight_bytes(_split(model)[2]), kv=kv)
+
+
+def batch_step_bytes(model: Any, context: float, batch: int) -> StepBytes:
+    """The bytes of one decode step of ``batch`` sequences, each at ``context`` keys: the weights once (a MoE
+    layer: the experts the batch is expected to touch) + every sequence's KV. Roofline tok/s = batch ·
+    bandwidth / total."""
+    one = step_bytes(model, context)
+    return StepBytes(layers=_layers_bytes(model, batch), head=one.head, kv=one.kv * batch)

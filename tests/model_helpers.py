@@ -114,7 +114,7 @@ def save_consolidated(hf_dir: Path, out_dir: Path) -> None:
 
 def random_model(config: ModelConfig, *, device: str = "cpu", kernels: object = None, seed: int = 0,
                  dtype: torch.dtype = torch.float32, **model_args: object) -> Model:
-    """A :class:`Model` with random fused weights (names and shapes of mistral_kernels.weights), fp32 unless
+    """A :class:`Model` with random fused weights (names and shapes of mistral_kernels.checkpoint.fusion), fp32 unless
     ``dtype``; ``model_args`` go to :class:`Model`."""
     from mistral_kernels import ops
 

@@ -67,11 +67,15 @@ def gguf_tensors_of(c: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "output.weight", (c.vocab_size, h)
 
 
-def write_quant_gguf(path: Path, c: ModelConfig, type_of: TypeOf, *, seed: int = 0, scale: float = 0.05) -> int:
+def write_quant_gguf(path: Path, c: ModelConfig, type_of: TypeOf, *, seed: int = 0, scale: float = 0.05,
+                     metadata: Callable[[gguf.GGUFWriter], None] | None = None) -> int:
     """Write a random GGUF of ``c`` with each matrix in ``type_of(name, shape)`` (the router F32); returns the
-    bytes of tensor data. Values: normal × ``scale`` (the embedding × 10)."""
+    bytes of tensor data. Values: normal × ``scale`` (the embedding × 10). ``metadata(writer)`` adds keys
+    (e.g. a tokenizer) before the header is written."""
     rng = np.random.default_rng(seed)
     w = gguf_llama_writer(path, c)
+    if metadata is not None:
+        metadata(w)
     w.add_rope_dimension_count(c.head_dim)
     if c.num_experts:
         w.add_expert_count(c.num_experts)

@@ -325,9 +325,8 @@ def test_attention_bad_inputs(backend_one_schedule: Backend) -> None:
         pre(cu_seqlens_q=lens(0, 3))
 
 
+@pytest.mark.parametrize("backend_one_schedule", ["emu-forward", "cuda"], indirect=True)  # the CPU: any head_dim
 def test_head_dim_restricted_on_cuda_kernels(backend_one_schedule: Backend) -> None:
-    if backend_one_schedule.name == "cpu":
-        pytest.skip("the native CPU kernels accept any head_dim")
     dev = backend_one_schedule.device
     p = _to(make_paged([5], 1, 48, 8, torch.float32, torch.Generator().manual_seed(0)), dev)
     with pytest.raises(RuntimeError, match="head_dim 48 is not supported by the CUDA kernels"):

@@ -165,7 +165,8 @@ def test_runner_mixed_step_sends_every_decode_to_the_decode_kernel(kernels: str)
 
     with (unittest.mock.patch.object(mod, "paged_decode_attention", decode_spy),
           unittest.mock.patch("mistral_kernels.runner.sample", sample_spy)):
-        ids = runner.execute(SchedulerOutput(chunks, 8, 0))
+        ids, logprobs = runner.execute(SchedulerOutput(chunks, 8, 0))
+    assert logprobs is None  # no request asked for them
     assert decode_rows == [2] * cfg.n_layers
     ref_model = random_model(cfg, kernels=reference, seed=4)
     cache = ref_model.new_cache(40, 8)

@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import save_file
 
 from mistral_kernels import load_model
-from mistral_kernels.config import ModelConfig, load_config
+from mistral_kernels.checkpoint import load_config
+from mistral_kernels.config import ModelConfig
 from mistral_kernels.errors import CheckpointError
 
 from .random_checkpoints import write_random_checkpoint

@@ -23,7 +23,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.cpu_decode import FusedCpuDecode
 from mistral_kernels.model import Model
 from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
-from mistral_kernels.weights import load_checkpoint
+from mistral_kernels.checkpoint import load_checkpoint
 
 gguf = pytest.importorskip("gguf")
 from .model_helpers import fused_and_per_op_step, prefilled_caches  # noqa: E402

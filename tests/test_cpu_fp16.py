@@ -20,8 +20,8 @@ import mistral_kernels
 from mistral_kernels import load_model
 from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.cli import main
-from mistral_kernels.default_model import default_model_path
 
+from .default_model_files import default_model_or_skip
 from .model_helpers import greedy_transformers, logits_transformers
 
 transformers = pytest.importorskip("transformers")
@@ -65,7 +65,7 @@ def test_fp16_prefill_and_fused_decode_match_transformers(checkpoint: tuple[Path
 
 def test_llm_generates_in_fp16_on_the_cpu(checkpoint: tuple[Path, torch.nn.Module]) -> None:
     path, hf = checkpoint
-    llm = mistral_kernels.LLM(path, dtype=torch.float16, tokenizer=default_model_path(), max_batch=2)
+    llm = mistral_kernels.LLM(path, dtype=torch.float16, tokenizer=default_model_or_skip(), max_batch=2)
     assert llm.model.dtype == torch.float16
     prompt = llm.prompt_ids("The quick brown fox")
     [done] = llm.generate(["The quick brown fox"], max_new_tokens=NEW, ignore_eos=True)
@@ -75,7 +75,7 @@ def test_llm_generates_in_fp16_on_the_cpu(checkpoint: tuple[Path, torch.nn.Modul
 def test_cli_accepts_fp16_on_the_cpu(checkpoint: tuple[Path, torch.nn.Module],
                                      capsys: pytest.CaptureFixture[str]) -> None:
     path, _ = checkpoint
-    rc = main(["generate", "--model", str(path), "--tokenizer", str(default_model_path()), "--prompt", "hi",
+    rc = main(["generate", "--model", str(path), "--tokenizer", str(default_model_or_skip()), "--prompt", "hi",
                "--dtype", "fp16", "--max-new-tokens", "3", "--ignore-eos"])
     assert rc == 0, capsys.readouterr().err
     assert "[stats]" in capsys.readouterr().err

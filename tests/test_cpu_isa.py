@@ -20,6 +20,7 @@ import torch
 import mistral_kernels as mk
 from mistral_kernels.model import Model
 
+from .default_model_files import default_model_or_skip
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
 from .test_smollm2 import gguf_path, ours, prompt_ids, reference  # noqa: F401  (session fixtures)
 
@@ -88,5 +89,6 @@ def test_mk_cpu_isa_environment() -> None:
 def test_info_prints_level(capsys: pytest.CaptureFixture[str]) -> None:
     from mistral_kernels.cli import main
 
+    default_model_or_skip()  # `info` without --model reads it
     assert main(["info"]) == 0
     assert f"CPU ISA: {mk.cpu_isa()} (" in capsys.readouterr().out

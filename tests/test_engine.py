@@ -18,7 +18,7 @@ import torch
 
 from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
-from mistral_kernels.engine import Engine
+from mistral_kernels.engine import Completion, Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.tokenizer import Tokenizer
 
@@ -92,6 +92,12 @@ def _params(i: int, n: int = 12, **kw) -> SamplingParams:
     return SamplingParams(max_new_tokens=n + i, ignore_eos=i % 2 == 0, **kw)
 
 
+def _step(eng: Engine, n: int, done: dict[int, Completion]) -> None:
+    """``n`` engine steps; the completions they hand out go into ``done``."""
+    for _ in range(n):
+        done |= {out.request_id: out.completion for out in eng.step() if out.completion is not None}
+
+
 def _alone(model_factory, tok, prompts, params, **engine_kw) -> list:
     outs = []
     for p, sp in zip(prompts, params):
@@ -124,12 +130,12 @@ def test_requests_arriving_mid_run() -> None:
     want = _alone(lambda: ToyModel(), tok, PROMPTS, params)
     eng = Engine(ToyModel(), tok, num_blocks=256, block_size=4, max_batch=3, max_tokens_per_step=12)
     rids = [eng.add_request(tok.encode(PROMPTS[0]), params[0])]
+    done: dict[int, Completion] = {}
     for i in range(1, len(PROMPTS)):
-        for _ in range(i + 1):
-            eng.step()
+        _step(eng, i + 1, done)
         rids.append(eng.add_request(tok.encode(PROMPTS[i]), params[i]))
-    got = eng.run(rids)
-    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    done |= {c.request_id: c for c in eng.run([r for r in rids if r not in done])}
+    assert [done[r].token_ids for r in rids] == [c.token_ids for c in want]
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
 
 
@@ -184,12 +190,11 @@ def test_stop_strings_and_streaming() -> None:
     eng = Engine(ToyModel(), tok, num_blocks=64, block_size=4)
     rid = eng.add_request(tok.encode("hello there"), SamplingParams(max_new_tokens=40, ignore_eos=True,
                                                                     stop=("QQQQ", stop)))
-    pieces = []
-    while not eng.is_finished(rid):
-        eng.step()
-        pieces.append(eng.drain_text(rid))
-    pieces.append(eng.drain_text(rid))
-    c = eng.pop_completion(rid)
+    outputs = list(eng.iterate([rid]))
+    pieces = [out.text for out in outputs]
+    c = outputs[-1].completion
+    assert c is not None and all(out.completion is None for out in outputs[:-1])
+    assert [t for out in outputs for t in out.token_ids] == c.token_ids  # one output per generated token
     assert c.text == full[:first] and c.finish_reason == "stop" and c.stop_reason == stop
     assert "".join(pieces) == c.text                              # streamed text never shows the stop string
     assert tok.decode(c.token_ids) == full[:first] + stop         # generation ended at the completing token
@@ -265,11 +270,11 @@ def test_tiny_mistral_batched_chunked_preempted_equals_transformers(tiny_mistral
         eng = Engine(model, None, num_blocks=num_blocks, block_size=8, max_batch=4, max_tokens_per_step=budget,
                      eos_ids=())
         rids = [eng.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts[:3], news[:3])]
-        for _ in range(5):
-            eng.step()
+        done: dict[int, Completion] = {}
+        _step(eng, 5, done)
         rids += [eng.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts[3:], news[3:])]
-        got = eng.run(rids)
-        assert [c.token_ids for c in got] == want, (num_blocks, budget)
+        done |= {c.request_id: c for c in eng.run([r for r in rids if r not in done])}
+        assert [done[r].token_ids for r in rids] == want, (num_blocks, budget)
         assert eng.blocks.num_free_blocks == num_blocks
         if num_blocks == 6:
             assert eng.stats.preemptions > 0
@@ -283,9 +288,8 @@ def test_tiny_mistral_window_keeps_memory_bounded(tiny_mistral) -> None:
     eng = Engine(model, None, num_blocks=4, block_size=8, max_batch=1, max_tokens_per_step=8, eos_ids=())
     rid = eng.add_request(prompt, SamplingParams(max_new_tokens=100))
     most = 0
-    while not eng.is_finished(rid):
-        eng.step()
+    for out in eng.iterate([rid]):
         if eng.blocks.has(rid):
             most = max(most, eng.blocks.num_owned(rid))
-    assert eng.pop_completion(rid).token_ids == want
+    assert out.completion is not None and out.completion.token_ids == want
     assert most <= 4 and eng.blocks.num_free_blocks == 4

@@ -1,7 +1,7 @@
 """A failed or interrupted call leaves the engine as it found it (issue 22 item 9): an exception or
 KeyboardInterrupt inside ``Engine.run`` / ``LLM.generate``, a bad prompt in the middle of a list, and a
 ``stream()`` generator closed early or garbage-collected abort their requests — KV blocks back in the pool,
-nothing left in the scheduler queues, the finished map or the output processor — and requests of other
+nothing left in the scheduler queues, the kept outputs or the output processor — and requests of other
 callers run on unaffected (same tokens as alone)."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _assert_empty(eng: Engine) -> None:
     assert eng.blocks.num_free_blocks == NUM_BLOCKS
     assert eng.blocks._tables == {} and eng.blocks.num_used_blocks == 0
     assert eng.scheduler.request_ids() == [] and not eng.has_unfinished()
-    assert eng._finished == {}
+    assert eng._backlog == {}
     assert eng.output._states == {}
 
 
@@ -109,7 +109,7 @@ def test_interrupted_generate_leaves_other_requests_alone() -> None:
     with pytest.raises(KeyboardInterrupt):
         llm.generate(["hello there", "abc def", "a"], max_new_tokens=6, ignore_eos=True)
     assert eng.scheduler.request_ids() == [other] and set(eng.output._states) == {other}
-    assert eng._finished == {}
+    assert set(eng._backlog) == {other}  # only the other caller's outputs, kept for it
     assert eng.blocks.num_free_blocks == NUM_BLOCKS - eng.blocks.num_owned(other)
     assert eng.run([other])[0].token_ids == _alone("zzz", 8)
     _assert_empty(eng)

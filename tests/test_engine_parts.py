@@ -80,18 +80,17 @@ def test_output_processor_holds_back_a_possible_stop_string() -> None:
     proc = OutputProcessor(tok, eos_ids=tok.eos_ids)
     r = _request(0, 1, max_new_tokens=20, stop=("xyz",))
     proc.add(r)
-    for i, t in enumerate(tok.encode("Hello x")):                 # one sampled token per step
-        assert proc.process([r], [t], now=1.0 + i) == []
-    assert proc.drain_text(0) == "Hello"                          # " x" could start "xyz"
-    assert proc.process([r], tok.encode("y"), now=8.0) == []
-    assert proc.drain_text(0) == " "                              # "xy" is held now
-    assert proc.process([r], tok.encode("z"), now=9.0) == [r]     # "xyz" completes on the "z"
+    texts = [out.text for i, t in enumerate(tok.encode("Hello x"))   # one sampled token per step
+             for out in proc.process([r], [t], now=1.0 + i)]
+    assert "".join(texts) == "Hello"                              # " x" could start "xyz"
+    (out,) = proc.process([r], tok.encode("y"), now=8.0)
+    assert (out.text, out.completion) == (" ", None)              # "xy" is held now
+    (out,) = proc.process([r], tok.encode("z"), now=9.0)          # "xyz" completes on the "z"
     assert (r.finish_reason, r.stop_reason, r.output_ids) == ("stop", "xyz", tok.encode("Hello xyz"))
-    assert proc.drain_text(0) == ""                               # the stop string is never shown
-    done = proc.completion(r)
-    assert done.text == "Hello " and r.timings.first_token == 1.0
-    with pytest.raises(KeyError, match="no request 0"):
-        proc.drain_text(0)
+    assert out.text == "" and out.token_ids == tok.encode("z")    # the stop string is never shown
+    done = out.completion
+    assert done is not None and done.text == "Hello " and r.timings.first_token == 1.0 and done.timings.finished == 9.0
+    assert not proc.has(0)                                        # a finished request is forgotten
     assert ALPHABET.index("!") in proc.eos_ids
 
 

@@ -18,7 +18,9 @@ import torch
 
 from mistral_kernels import load_model
 from mistral_kernels.batch import AttentionBatch
-from mistral_kernels.config import ModelConfig, UnsupportedCheckpointError, load_config
+from mistral_kernels.checkpoint import UnsupportedCheckpointError, load_config
+from mistral_kernels.checkpoint.hf import config_from_json
+from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
 
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
@@ -135,19 +137,19 @@ def test_transformers_v4_and_v5_rope_spellings_agree() -> None:
           "intermediate_size": 96, "vocab_size": 128, "max_position_embeddings": 256, "rope_theta": 5e5,
           "rope_scaling": {k: v for k, v in LLAMA3.items() if k != "rope_theta"}}
     v5 = {k: v for k, v in v4.items() if k not in ("rope_theta", "rope_scaling")} | {"rope_parameters": LLAMA3}
-    a, b = ModelConfig.from_hf_config(v4), ModelConfig.from_hf_config(v5)
+    a, b = config_from_json(v4), config_from_json(v5)
     assert a == b and a.rope_theta == 5e5 and a.rope_scaling.factor == 8.0
     old_key = dict(v4, rope_scaling={"type": "linear", "factor": 2.0})  # transformers < 4.45 wrote "type"
-    assert ModelConfig.from_hf_config(old_key).rope_scaling.kind == "linear"
+    assert config_from_json(old_key).rope_scaling.kind == "linear"
 
 
 def test_unsupported_rope_and_layer_types_are_named() -> None:
     base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 96, "vocab_size": 128}
     with pytest.raises(UnsupportedCheckpointError, match="longrope"):
-        ModelConfig.from_hf_config(base | {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
+        config_from_json(base | {"rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
     with pytest.raises(UnsupportedCheckpointError, match="chunked_attention"):
-        ModelConfig.from_hf_config(base | {"model_type": "mistral", "sliding_window": 8,
+        config_from_json(base | {"model_type": "mistral", "sliding_window": 8,
                                            "layer_types": ["sliding_attention", "chunked_attention"]})
 
 

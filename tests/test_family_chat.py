@@ -82,9 +82,9 @@ TEMPLATE_V7 = (
 def hf_base_tokenizer():
     """transformers' tokenizer of the default model (any BPE tokenizer.json will do), with Mistral's controls."""
     transformers = pytest.importorskip("transformers")
-    from mistral_kernels.default_model import default_model_path
+    from .default_model_files import default_model_or_skip
 
-    path = default_model_path()
+    path = default_model_or_skip()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tok.add_special_tokens({"additional_special_tokens": ["[INST]", "[/INST]", "[SYSTEM_PROMPT]",
                                                           "[/SYSTEM_PROMPT]"]})

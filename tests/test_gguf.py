@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from mistral_kernels import load_model
-from mistral_kernels.config import UnsupportedCheckpointError, load_config
-from mistral_kernels.gguf_metadata import read_gguf_header
-from mistral_kernels.weights import CheckpointError, load_checkpoint
+from mistral_kernels.checkpoint import CheckpointError, UnsupportedCheckpointError, load_checkpoint, load_config
+from mistral_kernels.checkpoint.gguf_header import read_gguf_header
 
 from .model_helpers import greedy_ours, greedy_transformers, hf_to_interleaved, logits_transformers
 

@@ -103,22 +103,8 @@ def test_no_import_cycles() -> None:
 BOTTOM = "mistral_kernels.quant_formats"
 OPS = "mistral_kernels.ops"
 OPS_MAY_IMPORT = {"mistral_kernels._library", BOTTOM}
-LOADER = {"mistral_kernels.quant_weight", "mistral_kernels.packed_moe", "mistral_kernels.packed_load",
-          "mistral_kernels.weights", "mistral_kernels.weight_footprint", "mistral_kernels.formats",
-          "mistral_kernels.gguf_metadata", "mistral_kernels.tensor_io", "mistral_kernels.config"}
+LOADER = {"mistral_kernels.quant_weight", "mistral_kernels.packed_moe", "mistral_kernels.config"}
 LOADER_PACKAGE = "mistral_kernels.checkpoint"
-
-
-def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
-    """Every module ``start`` imports, directly or through others."""
-    seen: set[str] = set()
-    todo = [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), set()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
 
 
 def _in(module: str, package: str) -> bool:
@@ -132,7 +118,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         found += [f"{name} imports {m}" for m in sorted(graph[name])
                   if not _in(m, OPS) and m not in OPS_MAY_IMPORT]
     for name in sorted(m for m in graph if m in LOADER or _in(m, LOADER_PACKAGE)):
-        found += [f"{name} reaches {m}" for m in sorted(_reach(graph, name)) if _in(m, OPS)]
+        found += [f"{name} reaches {m}" for m in sorted(_reachable(graph, name)) if _in(m, OPS)]
     return found
 
 
@@ -154,15 +140,56 @@ def test_upward_imports_are_reported() -> None:
     planted = {**graph, "mistral_kernels.packed_moe": {"mistral_kernels.ops.quant"}}
     found = upward_imports(planted)
     assert "mistral_kernels.packed_moe reaches mistral_kernels.ops.quant" in found
-    assert "mistral_kernels.weights reaches mistral_kernels.ops.quant" in found  # via packed_load → quant_weight
+    assert "mistral_kernels.checkpoint.packing reaches mistral_kernels.ops.quant" in found  # via quant_weight
     assert upward_imports(graph) == []
 
 
 def test_model_does_not_import_parallel() -> None:
     graph = _graph()
     for module in ("mistral_kernels.model", "mistral_kernels.batch", "mistral_kernels.config",
-                   "mistral_kernels.weights"):
+                   "mistral_kernels.checkpoint.base"):
         assert not {m for m in graph[module] if m.startswith("mistral_kernels.parallel")}, module
+
+
+# What the checkpoint package builds on: the config, errors, the packed-weight types and the block-format table
+# (quant_formats); never the model, the engine, the server or the API that load checkpoints.
+_ABOVE_CHECKPOINT = ("model", "loading", "parallel", "engine", "runner", "scheduler", "batch", "cache", "sampling",
+                     "output", "serve", "llm", "cli", "tokenization", "tokenizer")
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def _above(module: str) -> bool:
+    return any(module == f"{ROOT}.{m}" or module.startswith(f"{ROOT}.{m}.") for m in _ABOVE_CHECKPOINT)
+
+
+def test_checkpoint_sits_below_model_and_engine() -> None:
+    graph = _graph()
+    package = [m for m in graph if m == f"{ROOT}.checkpoint" or m.startswith(f"{ROOT}.checkpoint.")]
+    assert len(package) >= 10, package  # the package was found
+    for module in package:
+        bad = sorted(m for m in _reachable(graph, module) if _above(m))
+        assert not bad, f"{module} imports {bad} (the checkpoint package sits below them)"
+    # the loaders above it go through it: no format logic of their own
+    for module in ("loading", "llm", "tokenization.load"):
+        assert f"{ROOT}.checkpoint" in graph[f"{ROOT}.{module}"], module
+
+
+def test_layer_check_sees_an_upward_import() -> None:
+    """The rule above fails when a checkpoint module reaches the engine, directly or through another module."""
+    graph = {f"{ROOT}.checkpoint.base": {f"{ROOT}.checkpoint.gguf"}, f"{ROOT}.checkpoint.gguf": {f"{ROOT}.ops"},
+             f"{ROOT}.ops": {f"{ROOT}.engine"}, f"{ROOT}.engine": set()}
+    assert f"{ROOT}.engine" in _reachable(graph, f"{ROOT}.checkpoint.base") and _above(f"{ROOT}.engine")
+    assert not _above(f"{ROOT}.ops") and not _above(f"{ROOT}.checkpoint.gguf")
 
 
 

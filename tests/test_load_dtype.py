@@ -19,7 +19,7 @@ from mistral_kernels import load_model
 from mistral_kernels.cli import main
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.memory import memory_warning
-from mistral_kernels.weights import default_dtype, load_checkpoint
+from mistral_kernels.checkpoint import Checkpoint, load_checkpoint
 
 from .random_checkpoints import write_random_checkpoint
 
@@ -49,8 +49,10 @@ def test_hf_config_dtype_wins_over_the_stored_one(tmp_path: Path) -> None:
         cfg.pop("dtype", None)
         cfg[key] = value
         (tmp_path / "config.json").write_text(json.dumps(cfg))
-        assert default_dtype(tmp_path) == want, (key, value)
-    assert default_dtype(tmp_path, "cuda") == torch.bfloat16
+        with Checkpoint.open(tmp_path) as ckpt:
+            assert ckpt.default_dtype() == want, (key, value)
+    with Checkpoint.open(tmp_path) as ckpt:
+        assert ckpt.default_dtype("cuda") == torch.bfloat16
 
 
 @pytest.mark.parametrize("kind,expected", [("F16", torch.bfloat16), ("BF16", torch.bfloat16), ("F32", torch.float32),

@@ -67,10 +67,9 @@ def test_logprobs_stream_in_order_and_validation(tiny_mistral) -> None:  # noqa:
     eng = Engine(model, None, num_blocks=32, block_size=8, max_batch=2, max_tokens_per_step=16, eos_ids=())
     rid = eng.add_request([1, 2, 3], SamplingParams(max_new_tokens=5, logprobs=2))
     drained = []
-    while not eng.is_finished(rid):
-        eng.step()
-        drained += eng.drain_logprobs(rid)
-    c = eng.pop_completion(rid)
+    for out in eng.iterate([rid]):
+        drained += out.logprobs
+        c = out.completion
     assert drained == c.logprobs and [x.token_id for x in drained] == c.token_ids
     for bad in (-1, MAX_LOGPROBS + 1):
         with pytest.raises(ValueError, match="logprobs"):

@@ -18,9 +18,11 @@ from safetensors.torch import load_file, save_file
 import mistral_kernels
 from mistral_kernels import load_model
 from mistral_kernels.batch import AttentionBatch
-from mistral_kernels.config import ModelConfig, load_config
+from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
-from mistral_kernels.weights import CheckpointError, expected_shapes, load_checkpoint
+from mistral_kernels.checkpoint import CheckpointError, expected_shapes, load_checkpoint, load_config
+from mistral_kernels.checkpoint.consolidated import config_from_params
+from mistral_kernels.checkpoint.hf import config_from_json
 
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
 
@@ -157,8 +159,8 @@ def test_config_sources_agree(checkpoint) -> None:
     """config.json and params.json of the same model give the same config up to the RoPE layout;
     load_config picks each by format and gives the config load_checkpoint uses."""
     _, hf_dir, consolidated_dir, hf = checkpoint
-    from_hf = ModelConfig.from_hf_config(json.loads((hf_dir / "config.json").read_text()))
-    from_params = ModelConfig.from_params_json(json.loads((consolidated_dir / "params.json").read_text()))
+    from_hf = config_from_json(json.loads((hf_dir / "config.json").read_text()))
+    from_params = config_from_params(json.loads((consolidated_dir / "params.json").read_text()))
     assert from_hf.replace(rope_is_neox=False, bos_token_id=None, eos_token_ids=()) == from_params
     assert from_hf.num_parameters() == hf.num_parameters()
     assert load_config(hf_dir) == from_hf and load_config(consolidated_dir) == from_params
@@ -239,11 +241,11 @@ def test_format_detection_errors(tmp_path: Path) -> None:
 def test_unsupported_hf_configs_raise() -> None:
     base = json.loads(transformers.MistralConfig(**COMMON).to_json_string())
     with pytest.raises(ValueError, match="model_type='qwen2'"):
-        ModelConfig.from_hf_config({**base, "model_type": "qwen2"})
+        config_from_json({**base, "model_type": "qwen2"})
     with pytest.raises(ValueError, match="attention_bias"):
-        ModelConfig.from_hf_config({**base, "model_type": "llama", "attention_bias": True})
+        config_from_json({**base, "model_type": "llama", "attention_bias": True})
     with pytest.raises(ValueError, match="RoPE scaling"):
-        ModelConfig.from_hf_config({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
+        config_from_json({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}})
 
 
 def test_presets_equal_the_published_configs() -> None:
@@ -253,11 +255,11 @@ def test_presets_equal_the_published_configs() -> None:
                   "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
                   "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
                   "sliding_window": 4096, "tie_word_embeddings": False, "vocab_size": 32000}
-    assert ModelConfig.from_hf_config(mistral_hf) == ModelConfig.mistral_7b_v01().replace(rope_is_neox=True)
+    assert config_from_json(mistral_hf) == ModelConfig.mistral_7b_v01().replace(rope_is_neox=True)
     mixtral_params = {"dim": 4096, "n_layers": 32, "head_dim": 128, "hidden_dim": 14336, "n_heads": 32,
                       "n_kv_heads": 8, "norm_eps": 1e-05, "vocab_size": 32000,
                       "moe": {"num_experts_per_tok": 2, "num_experts": 8}}
-    assert ModelConfig.from_params_json(mixtral_params) == ModelConfig.mixtral_8x7b().replace(
+    assert config_from_params(mixtral_params) == ModelConfig.mixtral_8x7b().replace(
         bos_token_id=None, eos_token_ids=())
 
 

@@ -43,7 +43,7 @@ def test_tiny_chunks_match_reference(chunked: Backend, monkeypatch: pytest.Monke
     assert_close(out, expect, atol=1e-4, rtol=1e-4)  # three chained GEMMs, different summation orders
 
 
-@pytest.mark.parametrize("name", ["cpu", "emu-forward"])
+@pytest.mark.parametrize("name", ["cpu", "emu-forward", "cuda"])
 def test_tiny_chunks_bf16(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setenv("MK_MOE_CHUNK_TOKENS", "2")
     out, expect = _fused(_make_backend(name, monkeypatch), 5, 16, 24, 8, 2, torch.bfloat16, seed=2)

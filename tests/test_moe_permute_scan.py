@@ -1,5 +1,5 @@
 """The CUDA permute's parallel scan (csrc/kernels/moe_permute.cuh: rank → columns → offsets → scatter) under the
-emulator's three schedules, exact against reference.moe_permute: both scan paths (E ≤ 32: columns and offsets in
+emulator's three schedules and on a GPU (``cuda``), exact against reference.moe_permute: both scan paths (E ≤ 32: columns and offsets in
 one block; E > 32: a grid of column warps, then the offsets block), column scans longer than one 32-chunk warp
 step, experts left empty, and E not a multiple of the warps or of the 256 threads of the offsets scan.
 
@@ -17,7 +17,7 @@ from .conftest import Backend, _make_backend
 from .test_moe import _check_permutation_properties, _random_ids
 
 
-@pytest.fixture(params=["emu-forward", "emu-reverse", "emu-random"])
+@pytest.fixture(params=["emu-forward", "emu-reverse", "emu-random", "cuda"])
 def emu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
     return _make_backend(request.param, monkeypatch)
 
@@ -25,7 +25,7 @@ def emu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Back
 def _check(backend: Backend, ids: torch.Tensor, e: int, h: int = 8, dtype: torch.dtype = torch.float32) -> None:
     t = ids.shape[0]
     x = torch.randn(t, h, generator=torch.Generator().manual_seed(t + e)).to(dtype)
-    permuted, offsets, inv = backend.ops.moe_permute(x, ids, e)
+    permuted, offsets, inv = (r.cpu() for r in backend.ops.moe_permute(x.to(backend.device), ids.to(backend.device), e))
     p_ref, o_ref, i_ref = ref.moe_permute(x, ids, e)
     assert torch.equal(offsets, o_ref), (offsets, o_ref)
     assert torch.equal(inv, i_ref)

@@ -47,11 +47,11 @@ def test_fused_add_rms_norm(backend: Backend, shape: tuple[int, ...], dtype: tor
     assert_close(x, x_ref)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32])  # drift: the low-precision dtypes
 def test_fused_add_rms_norm_drift_32_layers(backend: Backend, dtype: torch.dtype) -> None:
     """Stacking 32 fused add+norm layers in low precision stays close to an fp32 residual stream."""
-    if not backend.supports(dtype) or dtype == torch.float32:
-        pytest.skip(f"drift is measured for low-precision dtypes supported by {backend.name}")
+    if not backend.supports(dtype):
+        pytest.skip(f"{backend.name} does not support {dtype}")
     g = torch.Generator().manual_seed(3)
     H, layers = 256, 32
     updates = [torch.randn(4, H, generator=g) for _ in range(layers)]

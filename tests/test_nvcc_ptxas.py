@@ -18,6 +18,7 @@ import concurrent.futures
 import dataclasses
 import re
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,8 @@ import pytest
 from .test_emulator import GXX, _nvcc
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import sass_budget  # noqa: E402
 SRC = ROOT / "tests" / "nvcc" / "all_kernels.cu"
 ARCHS = ("sm_80", "sm_90")
 # GPUs each cubin runs on → per-block opt-in shared memory limit (bytes).
@@ -77,16 +80,12 @@ def _short(demangled: str) -> str:
     return re.sub(r"(?<![\w:])(?:\w+::)+", "", name)  # every namespace, template arguments' included
 
 
-def _compile(nvcc: str, arch: str, out: Path) -> tuple[str, str]:
-    out.mkdir()
-    # The CUDA flags of the module's build (CMakeLists.txt), so the figures are the shipped kernels'.
-    cmd = [nvcc, "-std=c++20", "--expt-relaxed-constexpr", "-Xcudafe", "--diag_suppress=186", f"-I{ROOT / 'csrc'}",
-           "-Xptxas", "-v", "--keep", "--keep-dir", str(out),
-           f"-gencode=arch=compute_{arch[3:]},code={arch}", "-c", str(SRC), "-o", str(out / "k.o")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"nvcc failed for {arch}:\n{r.stderr[-4000:]}"
-    ptx = next(out.glob("*.ptx")).read_text()
-    return r.stdout + r.stderr, ptx
+def _compile(arch: str) -> tuple[str, str]:
+    """(ptxas -v report, PTX) of all_kernels.cu for arch: the cubin scripts/sass_budget.py builds with the CUDA
+    flags of the module's build (cached under build/sass_budget by source hash, shared with
+    tests/test_sass_budget.py)."""
+    out = sass_budget.compiled(SRC, arch)
+    return (out / "ptxas.txt").read_text(), next(out.glob("*.ptx")).read_text()
 
 
 def _parse(arch: str, report: str, ptx: str) -> dict[str, Kernel]:
@@ -115,24 +114,16 @@ def _parse(arch: str, report: str, ptx: str) -> dict[str, Kernel]:
 
 
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory) -> list[Kernel]:
+def kernels() -> list[Kernel]:
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
     if GXX is None:
         pytest.skip("g++ not found")
-    tmp = tmp_path_factory.mktemp("ptxas")
-    dyn_exe = tmp / "dyn_smem"
     with concurrent.futures.ThreadPoolExecutor(3) as pool:  # both archs and the g++ helper at once
-        futures = {a: pool.submit(_compile, nvcc, a, tmp / a) for a in ARCHS}
-        r = subprocess.run([GXX, "-std=c++20", "-O0", "-Wno-unknown-pragmas", f"-I{ROOT / 'csrc'}",
-                            str(ROOT / "tests" / "nvcc" / "dyn_smem.cpp"),
-                            *map(str, sorted((ROOT / "csrc" / "simt").glob("emu_*.cpp"))), "-lpthread", "-o",
-                            str(dyn_exe)], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
+        futures = {a: pool.submit(_compile, a) for a in ARCHS}
+        dynamic = sass_budget.dynamic_smem()  # tests/nvcc/dyn_smem.cpp, built by g++ and run (cached)
         results = {a: f.result() for a, f in futures.items()}
-    dynamic = dict(line.split("\t") for line in subprocess.run([str(dyn_exe)], capture_output=True, text=True,
-                                                               check=True).stdout.splitlines())
     out = []
     for arch, (report, ptx) in results.items():
         parsed = _parse(arch, report, ptx)
@@ -170,7 +161,8 @@ def test_every_kernel_instance_is_built(kernels: list[Kernel]) -> None:
                        "grouped_gemm_nt_kernel", "topk_softmax_kernel", "moe_scatter_kernel", "moe_unpermute_kernel",
                        "moe_columns_kernel", "moe_offsets_kernel", "moe_rank_kernel",
                        "paged_decode_reduce_kernel", "quant_gemv_kernel", "quant_gemm_kernel",
-                       "moe_qgemv_kernel", "moe_qgemm_kernel"):
+                       "moe_qgemv_kernel", "moe_qgemm_kernel", "quant_gemv_q8_kernel", "moe_qgemv_q8_kernel",
+                       "quantize_x_q8_kernel", "quant_dequantize_kernel"):
             assert any(n.startswith(family) and a == arch for n, a in names), f"{family} missing for {arch}"
     assert all(k.max_threads > 0 for k in kernels), [k.name for k in kernels if not k.max_threads]
 

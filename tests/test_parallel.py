@@ -23,7 +23,7 @@ from mistral_kernels import load_model
 from mistral_kernels.parallel import (ParallelContext, ShardedModel, check_shardable, expert_range, head_range,
                                       kv_head_range, parameters_per_rank, shard_index)
 from mistral_kernels.sampling import SamplingParams
-from mistral_kernels.weights import load_checkpoint
+from mistral_kernels.checkpoint import load_checkpoint
 
 from .model_helpers import greedy_ours, save_consolidated
 from .net_helpers import free_port, wait_healthy

@@ -79,13 +79,15 @@ def _run(model: Any, phases: list[Phase], *, caching: bool, num_blocks: int, bs:
     for phase in phases:
         rids = [eng.add_request(prompt, SamplingParams(max_new_tokens=n)) for prompt, n in phase]
         rows: dict[int, list[torch.Tensor]] = {rid: [] for rid in rids}
+        done = {}
         while eng.has_unfinished():
             before = len(rec.logits)
-            eng.step()
+            outputs = eng.step()
             if len(rec.logits) > before:
-                for rid, row in zip(eng.last_sampled, rec.logits[-1]):
-                    rows[rid].append(row)
-        tokens += [c.token_ids for c in eng.run(rids)]
+                for out, row in zip(outputs, rec.logits[-1]):  # the outputs come in the logits' row order
+                    rows[out.request_id].append(row)
+            done |= {out.request_id: out.completion for out in outputs if out.completion is not None}
+        tokens += [done[rid].token_ids for rid in rids]
         logits += [rows[rid] for rid in rids]
     assert eng.blocks.num_free_blocks == num_blocks and eng.blocks.num_used_blocks == 0
     return tokens, [torch.stack(r) for r in logits], eng.stats

@@ -21,10 +21,9 @@ import torch
 from mistral_kernels import load_model, ops, reference
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
+from mistral_kernels.checkpoint import Checkpoint, CheckpointError, QuantizedFallbackWarning, load_checkpoint
 from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, format_names, quantize_int8, weight_bytes
 from mistral_kernels.stats import weight_bytes as step_weight_bytes
-from mistral_kernels.weight_footprint import weight_footprint
-from mistral_kernels.weights import CheckpointError, QuantizedFallbackWarning, load_checkpoint
 
 from .model_helpers import greedy_ours
 from .random_checkpoints import write_random_checkpoint
@@ -157,7 +156,7 @@ def test_int8_mixtral_experts(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ bad files
 def _tensor_offset(path: Path, name: str) -> int:
-    from mistral_kernels.gguf_metadata import read_gguf_header
+    from mistral_kernels.checkpoint.gguf_header import read_gguf_header
 
     header = read_gguf_header(path)
     return header.tensor_offsets[name]
@@ -217,7 +216,8 @@ def test_footprint_is_what_loads(tmp_path: Path, kw: dict[str, object]) -> None:
     write_quant_gguf(path, ModelConfig(**{**vars(LLAMA), "tie_embeddings": True}), Q4_K_M)
     _, weights = load_checkpoint(path, dtype=torch.float32, **kw)
     loaded = sum(w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes for w in weights.values())
-    assert weight_footprint(path, torch.float32, **kw).bytes == loaded
+    with Checkpoint.open(path) as ckpt:
+        assert ckpt.footprint(torch.float32, **kw).bytes == loaded
     model = Model(*load_checkpoint(path, dtype=torch.float32, **kw))
     names = [name for name, _ in model.named_weights()]
     assert len(names) == len(set(names)) == len(weights)  # every weight once (the tied head is the embedding)

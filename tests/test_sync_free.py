@@ -80,12 +80,12 @@ def test_step_reads_back_only_the_sampled_ids(config: ModelConfig, packed: bool,
               SamplingParams(max_new_tokens=4, repetition_penalty=1.3, presence_penalty=0.5)]
     rids = [eng.add_request(list(range(1 + 3 * i, 12 + 5 * i)), p) for i, p in enumerate(params)]
     steps = sampled_steps = 0
-    while any(not eng.is_finished(r) for r in rids):
+    while eng.has_unfinished():
         with count_reads(monkeypatch) as counts:
-            eng.step()
+            outputs = eng.step()
         steps += 1
-        sampled_steps += bool(eng.last_sampled)
-        assert counts == dict.fromkeys(READS, 0) | {"tolist": int(bool(eng.last_sampled))}, steps
+        sampled_steps += bool(outputs)
+        assert counts == dict.fromkeys(READS, 0) | {"tolist": int(bool(outputs))}, steps
     assert sampled_steps >= 5 and checks and not any(checks)  # every forward ran with the checks off
     assert _base.device_index_checks_enabled()                 # and the switch is back on afterwards
 
@@ -135,7 +135,7 @@ def test_cuda_step_has_no_sync_but_the_sampled_ids(enforce_eager: bool | None,
     monkeypatch.setattr(torch.Tensor, "tolist", allowed_read)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        while any(not eng.is_finished(r) for r in rids):
+        while eng.has_unfinished():
             eng.step()
     finally:
         torch.cuda.set_sync_debug_mode(0)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from mistral_kernels import load_tokenizer
-from mistral_kernels.default_model import default_model_path
 from mistral_kernels.tokenization import HFTokenizer, IncrementalDecoder, MistralCommonTokenizer, StreamDecoder
+
+from .default_model_files import default_model_or_skip
 
 TEXTS = [
     "Hello world",
@@ -26,7 +27,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def gguf_path() -> Path:
-    return default_model_path()
+    return default_model_or_skip()
 
 
 @pytest.fixture(scope="module")

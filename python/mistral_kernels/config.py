@@ -1,9 +1,10 @@
 """One model configuration for Mistral / Mixtral / Llama-family decoders.
 
-A :class:`ModelConfig` is built from what a checkpoint *contains* — an HF ``config.json``, a Mistral
-``params.json`` or GGUF metadata — never guessed from file or directory names. :func:`load_config` is the
-one place that picks the source by format (the CLI's ``info`` and :func:`~mistral_kernels.weights.load_checkpoint`
-both use it).
+The dataclass and the presets of published models. A :class:`ModelConfig` is built from what a checkpoint
+*contains* — an HF ``config.json``, a Mistral ``params.json`` or GGUF metadata — never guessed from file or
+directory names: each format's parser lives with its format (:mod:`mistral_kernels.checkpoint.hf`,
+:mod:`~mistral_kernels.checkpoint.consolidated`, :mod:`~mistral_kernels.checkpoint.gguf`), and
+:meth:`mistral_kernels.checkpoint.Checkpoint.open` picks it.
 
 Shape letters: H hidden (``dim``), I intermediate (``hidden_dim``), Hq / Hkv heads, D head_dim,
 V vocab, E experts, k top-k, L layers.
@@ -12,27 +13,15 @@ V vocab, E experts, k top-k, L layers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config_fields import Fields
-from .errors import CheckpointError
-from .formats import detect_format, open_tensors, read_json
-from .gguf_metadata import read_gguf_header
-from .rope_scaling import RopeScaling, parse_rope_scaling
+from .rope_scaling import RopeScaling
 
-__all__ = ["ModelConfig", "UnsupportedCheckpointError", "bounding_window", "load_config"]
-
-HF_MODEL_TYPES = ("mistral", "ministral", "mixtral", "llama")
-GGUF_ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE frequency divisors [R/2]
-
-
-class UnsupportedCheckpointError(CheckpointError):
-    """The checkpoint describes a model this package does not implement (bias, rope scaling, ...)."""
+__all__ = ["ModelConfig", "bounding_window"]
 
 
 @dataclass(frozen=True)
@@ -186,168 +175,6 @@ class ModelConfig:
             ffn = 3 * h * i
         return self.n_layers * (attention + ffn) + self.vocab_size * h
 
-    # ------------------------------------------------------------------ builders from checkpoints
-    @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """From a transformers ``config.json`` (model_type mistral / ministral / mixtral / llama); HF q/k → neox RoPE.
-
-        RoPE: transformers 4.x spells ``rope_theta`` + ``rope_scaling``, 5.x one ``rope_parameters`` dict; both
-        are read. Windows: ``sliding_window`` (null = none; ``use_sliding_window: false`` disables it) applies
-        to the layers that ``layer_types`` marks ``sliding_attention`` (all layers when absent). Sizes are
-        range-checked (:mod:`mistral_kernels.config_fields`); errors name ``source``.
-        """
-        f = Fields(cfg, source)
-        model_type = cfg.get("model_type")
-        if model_type not in HF_MODEL_TYPES:
-            raise UnsupportedCheckpointError(
-                f"{source}: model_type={model_type!r} is not supported ({', '.join(HF_MODEL_TYPES)})")
-        for flag in ("attention_bias", "mlp_bias"):
-            if cfg.get(flag):
-                raise UnsupportedCheckpointError(f"{source}: {flag}=true is not supported (no biases in this model)")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedCheckpointError(f"{source}: hidden_act={cfg['hidden_act']!r}, only 'silu' is supported")
-        rope = cfg.get("rope_parameters") or {}  # transformers 5.x; 4.x has rope_theta / rope_scaling at top level
-        scaling_spec = cfg.get("rope_scaling") or rope
-        if not isinstance(rope, Mapping) or not isinstance(scaling_spec, Mapping):
-            raise CheckpointError(f"{source}: rope_parameters / rope_scaling must be objects")
-        if any(isinstance(v, Mapping) for v in rope.values()):
-            raise UnsupportedCheckpointError(f"{source}: per-layer-type rope_parameters {rope} are not supported "
-                                             "(one RoPE for all layers)")
-        theta = Fields(rope, f"{source} rope_parameters").float("rope_theta", "rope_theta", None) \
-            if rope.get("rope_theta") is not None else f.float("rope_theta", "rope_theta", 10000.0)
-        partial = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0
-        if partial != 1.0:
-            raise UnsupportedCheckpointError(f"{source}: partial_rotary_factor={partial} is not supported (1.0)")
-        max_position = f.int("max_position_embeddings", "max_position", 32768)
-        try:
-            scaling = parse_rope_scaling(scaling_spec, max_position, source)
-        except (ValueError, KeyError, TypeError) as e:
-            raise UnsupportedCheckpointError(f"{source}: RoPE scaling not usable: {e}") from e
-        heads = f.int("num_attention_heads", "n_heads")
-        dim = f.int("hidden_size", "dim")
-        layers = f.int("num_hidden_layers", "n_layers")
-        experts = f.int("num_local_experts", "num_experts", 0) if model_type == "mixtral" else 0
-        window = f.int("sliding_window", "sliding_window", None) if model_type != "llama" else None
-        if window is not None and cfg.get("use_sliding_window") is False:
-            window = None
-        windows = _hf_layer_windows(cfg.get("layer_types"), window, layers, source)
-        return _build(source, lambda: cls(
-            dim=dim,
-            n_layers=layers,
-            n_heads=heads,
-            n_kv_heads=f.int("num_key_value_heads", "n_kv_heads", heads),
-            head_dim=f.int("head_dim", "head_dim", dim // heads),
-            hidden_dim=f.int("intermediate_size", "hidden_dim"),
-            vocab_size=f.int("vocab_size", "vocab_size"),
-            norm_eps=f.float("rms_norm_eps", "norm_eps", 1e-6),
-            rope_theta=theta,
-            rope_is_neox=True,
-            rope_scaling=scaling,
-            sliding_window=window,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            num_experts=experts,
-            top_k=f.int("num_experts_per_tok", "top_k", 0) if experts else 0,
-            max_position=max_position,
-            bos_token_id=_token_id(cfg.get("bos_token_id"), source),
-            eos_token_ids=_as_tuple(cfg.get("eos_token_id"), source),
-        ).with_layer_windows(windows))
-
-    @classmethod
-    def from_params_json(cls, params: dict[str, Any], source: str = "params.json") -> ModelConfig:
-        """From a Mistral consolidated ``params.json``; consolidated q/k → interleaved RoPE.
-
-        params.json does not state a maximum length; ``max_seq_len`` is used when present, else 32768.
-        A missing ``rope_theta`` means 1e6, as in mistral-inference (the format's reference implementation).
-        ``sliding_window`` may be a number, null, or a list of per-layer windows repeated over the layers
-        (layer n uses entry n mod len; interleaved windows as in Ministral-8B).
-        """
-        f = Fields(params, source)
-        if params.get("rope_scaling") or params.get("yarn"):
-            raise UnsupportedCheckpointError(f"{source}: RoPE scaling (rope_scaling / yarn) is not supported in "
-                                             "the consolidated format; use the model's HF config.json checkpoint")
-        moe = params.get("moe") or {}
-        if not isinstance(moe, Mapping):
-            raise CheckpointError(f"{source}: moe must be an object, got {moe!r}")
-        m = Fields(moe, f"{source} moe")
-        heads = f.int("n_heads", "n_heads")
-        dim = f.int("dim", "dim")
-        layers = f.int("n_layers", "n_layers")
-        pattern = params.get("sliding_window")
-        if isinstance(pattern, list):
-            if not pattern:
-                raise UnsupportedCheckpointError(f"{source}: sliding_window is an empty list")
-            pattern = [Fields({"sliding_window": w}, source).int("sliding_window", "sliding_window", None)
-                       for w in pattern[:layers]]
-            windows = tuple(pattern[n % len(pattern)] for n in range(layers))
-        else:
-            windows = (f.int("sliding_window", "sliding_window", None),) * layers
-        return _build(source, lambda: cls(
-            dim=dim,
-            n_layers=layers,
-            n_heads=heads,
-            n_kv_heads=f.int("n_kv_heads", "n_kv_heads", heads),
-            head_dim=f.int("head_dim", "head_dim", dim // heads),
-            hidden_dim=f.int("hidden_dim", "hidden_dim"),
-            vocab_size=f.int("vocab_size", "vocab_size"),
-            norm_eps=f.float("norm_eps", "norm_eps", 1e-5),
-            rope_theta=f.float("rope_theta", "rope_theta", 1e6),  # mistral-inference's default when absent
-            rope_is_neox=False,
-            tie_embeddings=bool(params.get("tied_embeddings", False)),
-            num_experts=m.int("num_experts", "num_experts", 0),
-            top_k=m.int("num_experts_per_tok", "top_k", 0),
-            max_position=f.int("max_seq_len", "max_position", 32768),
-        ).with_layer_windows(windows))  # no special tokens in params.json: the tokenizer file states them
-
-    @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any], tensor_names: Collection[str],
-                           rope_freq_factors: tuple[float, ...] | None = None,
-                           source: str = "GGUF metadata") -> ModelConfig:
-        """From a GGUF file's metadata and tensor names (llama architecture: Llama, Mistral, Mixtral).
-
-        Both come from :func:`mistral_kernels.gguf_metadata.read_gguf_header`. GGUF q/k weights are stored
-        in the interleaved layout by llama.cpp → interleaved RoPE. Tied embeddings ⇔ the file has no
-        ``output.weight`` tensor. A ``rope_freqs.weight`` tensor (llama.cpp's form of Llama 3.1's RoPE
-        scaling) is data, not metadata: :func:`load_config` reads it and passes ``rope_freq_factors``.
-        """
-        f = Fields(metadata, source)
-        arch = metadata.get("general.architecture")
-        if arch != "llama":
-            raise UnsupportedCheckpointError(f"{source}: general.architecture={arch!r} is not supported (llama)")
-        scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
-        if scaling != "none":
-            raise UnsupportedCheckpointError(f"{source}: RoPE scaling {scaling!r} is not supported")
-        dim = f.int(f"{arch}.embedding_length", "dim")
-        heads = f.int(f"{arch}.attention.head_count", "n_heads")
-        head_dim = f.int(f"{arch}.attention.key_length", "head_dim", dim // heads)
-        rot = f.int(f"{arch}.rope.dimension_count", "rotary_dim", head_dim)
-        vocab = f.int(f"{arch}.vocab_size", "vocab_size", None)
-        if vocab is None:
-            tokens = f.raw("tokenizer.ggml.tokens")
-            vocab = Fields({"vocab": len(tokens) if isinstance(tokens, list) else tokens}, source).int(
-                "vocab", "vocab_size")
-        experts = f.int(f"{arch}.expert_count", "num_experts", 0)
-        return _build(source, lambda: cls(
-            dim=dim,
-            n_layers=f.int(f"{arch}.block_count", "n_layers"),
-            n_heads=heads,
-            n_kv_heads=f.int(f"{arch}.attention.head_count_kv", "n_kv_heads", heads),
-            head_dim=head_dim,
-            hidden_dim=f.int(f"{arch}.feed_forward_length", "hidden_dim"),
-            vocab_size=vocab,
-            norm_eps=f.float(f"{arch}.attention.layer_norm_rms_epsilon", "norm_eps", 1e-5),
-            rope_theta=f.float(f"{arch}.rope.freq_base", "rope_theta", 10000.0),
-            rope_is_neox=False,
-            rotary_dim=rot if rot != head_dim else None,
-            rope_scaling=None if rope_freq_factors is None else RopeScaling("freq_factors", 1.0,
-                                                                            freq_factors=rope_freq_factors),
-            tie_embeddings="output.weight" not in tensor_names,
-            num_experts=experts,
-            top_k=f.int(f"{arch}.expert_used_count", "top_k", 0) if experts else 0,
-            max_position=f.int(f"{arch}.context_length", "max_position", 32768),
-            bos_token_id=_token_id(metadata.get("tokenizer.ggml.bos_token_id"), source),
-            eos_token_ids=_as_tuple(metadata.get("tokenizer.ggml.eos_token_id"), source),
-        ))
-
     # ------------------------------------------------------------------ presets
     @classmethod
     def mistral_7b_v01(cls) -> ModelConfig:
@@ -428,45 +255,6 @@ class ModelConfig:
                    num_experts=4, top_k=2, max_position=256)
 
 
-def load_config(path: str | Path) -> ModelConfig:
-    """The config of the checkpoint at ``path`` (HF directory, Mistral consolidated directory or GGUF file).
-
-    Reads only the config: ``config.json``, ``params.json`` or the GGUF header (fast reader, no tensor data).
-
-    Raises
-    ------
-    CheckpointError
-        The path holds no known format (:func:`mistral_kernels.formats.detect_format`), the config file is
-        unreadable, or a field is missing or out of range (:mod:`mistral_kernels.config_fields`); the message
-        names the file and the field.
-    UnsupportedCheckpointError
-        (a CheckpointError) The config describes a model this package does not implement.
-    """
-    p = Path(path)
-    fmt = detect_format(p)
-    if fmt == "hf":
-        return ModelConfig.from_hf_config(read_json(p / "config.json"), str(p / "config.json"))
-    if fmt == "consolidated":
-        return ModelConfig.from_params_json(read_json(p / "params.json"), str(p / "params.json"))
-    header = read_gguf_header(p)
-    factors = None
-    if GGUF_ROPE_FREQS in header.tensor_shapes:  # a tensor read only for files that have it (Llama 3.x)
-        with open_tensors(p, "gguf") as source:
-            factors = tuple(float(f) for f in source.read(GGUF_ROPE_FREQS).flatten().tolist())
-    return ModelConfig.from_gguf_metadata(header.metadata, header.tensor_shapes.keys(), factors, str(p))
-
-
-def _build(source: str, make: Callable[[], ModelConfig]) -> ModelConfig:
-    """``make()``, with the consistency errors of :class:`ModelConfig` (heads not dividing, top_k > experts,
-    ...) as CheckpointErrors naming ``source``."""
-    try:
-        return make()
-    except CheckpointError:
-        raise
-    except ValueError as e:
-        raise CheckpointError(f"{source}: {e}") from e
-
-
 def bounding_window(windows: Collection[int | None]) -> int | None:
     """The window that bounds every layer's reads: the largest, or None when any layer is full attention.
 
@@ -475,35 +263,3 @@ def bounding_window(windows: Collection[int | None]) -> int | None:
     if not windows or any(w is None for w in windows):
         return None
     return max(w for w in windows if w is not None)
-
-
-def _hf_layer_windows(layer_types: Any, window: int | None, n_layers: int,
-                      source: str = "config.json") -> tuple[int | None, ...]:
-    """Per-layer windows from HF ``layer_types`` ('sliding_attention' → ``window``, 'full_attention' → None)."""
-    if layer_types is None:
-        return (window,) * n_layers
-    if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-        raise UnsupportedCheckpointError(f"{source}: layer_types must be a list of num_hidden_layers={n_layers} "
-                                         f"entries, got {layer_types!r}")
-    known = {"sliding_attention": window, "full_attention": None}
-    unknown = sorted({repr(t) for t in layer_types if not (isinstance(t, str) and t in known)})
-    if unknown:
-        raise UnsupportedCheckpointError(f"{source}: layer_types {unknown} are not supported "
-                                         "(sliding_attention, full_attention)")
-    return tuple(known[t] for t in layer_types)
-
-
-def _token_id(value: Any, source: str) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int or value < 0:
-        raise CheckpointError(f"{source}: token id {value!r} must be a non-negative integer")
-    return value
-
-
-def _as_tuple(ids: Any, source: str = "config") -> tuple[int, ...]:
-    if ids is None:
-        return ()
-    if isinstance(ids, (list, tuple)):
-        return tuple(_token_id(i, source) or 0 for i in ids)
-    return (_token_id(ids, source) or 0,)

@@ -9,33 +9,42 @@ part                   role
                        (``max_tokens_per_step``), the batch cap (``max_batch``) and the free KV
                        blocks, and which are preempted (recomputed later); host bookkeeping only
 :mod:`.runner`         build the input tensors and :class:`~mistral_kernels.batch.AttentionBatch`,
-                       run ``model.forward``, sample; reads back only the sampled ids
-:mod:`.output`         detokenise, apply stop strings / EOS / max tokens, produce completions
+                       run ``model.forward``, sample; returns the sampled ids (and log-probabilities)
+:mod:`.output`         detokenise, apply stop strings / EOS / max tokens, produce the step's outputs
 =====================  ==========================================================================
 
-A request that could never fit in the KV cache even alone is rejected by :meth:`Engine.add_request` with
-a clear error; :class:`~mistral_kernels.stats.EngineStats` keeps the counters of the stats line.
+The step's contract: :meth:`Engine.step` returns one :class:`~mistral_kernels.output.RequestOutput` per
+request that got a token in it (batch order): the new token ids, the text that became final, their
+log-probabilities, and for a request that finished its :class:`Completion` — the engine then forgets it
+(its KV blocks are free). Callers read these outputs and nothing else: :meth:`Engine.iterate` /
+:meth:`Engine.run` (and so ``LLM.generate`` / ``LLM.stream``) and the server's engine loop.
+
+Admission is the engine's: :meth:`Engine.check_request` checks a request once (prompt ids, the model's
+context, the KV pool: :meth:`Engine.max_new_tokens_for`) and gives a :class:`CheckedRequest` that
+:meth:`Engine.add_checked` queues without checking again; :meth:`Engine.add_request` is both.
+:class:`~mistral_kernels.stats.EngineStats` keeps the counters of the stats line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import torch
 
 from .cache import BlockManager, cache_salt
-from .logprobs import TokenLogprob
-from .output import Completion, OutputProcessor
-from .request import Request, RequestTimings
+from .output import Completion, OutputProcessor, RequestOutput
+from .request import CheckedRequest, Request, RequestTimings
 from .runner import ModelRunner, PagedModel
-from .sampling import SamplingParams
-from .scheduler import Scheduler
+from .sampling_params import SamplingParams
+from .scheduler import AdmissionError, Scheduler
 from .stats import DecodeTraffic, EngineStats
 from .tokenization import Tokenizer
 
-__all__ = ["Completion", "Engine", "EngineStats", "PagedModel", "RequestTimings"]
+__all__ = ["AdmissionError", "CheckedRequest", "Completion", "Engine", "EngineStats", "PagedModel",
+           "RequestOutput", "RequestTimings"]
 
 
 class Engine:
@@ -78,8 +87,8 @@ class Engine:
         self.stats = EngineStats()
         self._traffic = DecodeTraffic.of(model)
         self._next_id = 0
-        self._finished: dict[int, Request] = {}
-        self.last_sampled: list[int] = []  # ids of the requests that got a token in the last step
+        # outputs that :meth:`iterate` stepped for requests it was not iterating, kept for their own caller
+        self._backlog: dict[int, list[RequestOutput]] = {}
 
     # ------------------------------------------------------------------ parts
     @property
@@ -108,48 +117,80 @@ class Engine:
     def max_tokens_per_step(self) -> int:
         return self.scheduler.max_tokens_per_step
 
-    # ------------------------------------------------------------------ requests
-    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> list[int]:
-        """Validate a request without queueing it; returns its prompt as a list of ints.
+    # ------------------------------------------------------------------ admission
+    def max_new_tokens_for(self, num_prompt: int, max_new_tokens: int | None = None, copies: int = 1) -> int:
+        """The admission rule: how many tokens a request with ``num_prompt`` prompt tokens may generate.
+
+        ``max_new_tokens`` given: it, if prompt + it fit the model's context and the KV pool (``copies`` such
+        requests together); None: the most that fits alone (the model's context, the KV pool).
+
+        Raises
+        ------
+        AdmissionError
+            The request can never run; ``argument`` says what to lower ("prompt_ids", "max_new_tokens",
+            "copies").
+        """
+        max_position = self.config.max_position
+        if num_prompt >= max_position:
+            raise AdmissionError(f"the prompt is {num_prompt} tokens; the model's max_position is {max_position}",
+                                 "prompt_ids")
+        if max_new_tokens is None:
+            self.scheduler.check_fits(num_prompt, 1)
+            blocks = self.scheduler.blocks
+            limit = min(max_position, blocks.num_blocks * blocks.block_size) - num_prompt
+            max_new_tokens = self.scheduler.most_new_tokens(num_prompt, limit)
+        total = num_prompt + max_new_tokens
+        if total > max_position:
+            raise AdmissionError(f"prompt ({num_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                                 f"exceeds the model's max_position {max_position}", "max_new_tokens")
+        self.scheduler.check_fits(num_prompt, max_new_tokens, copies)
+        return max_new_tokens
+
+    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                      copies: int = 1) -> CheckedRequest:
+        """Check a request without queueing it (``copies``: that many of it must fit the KV pool together).
+        Thread-safe: reads only the engine's fixed sizes.
 
         Raises
         ------
         ValueError
-            Empty prompt, token ids outside the vocabulary, longer than the model's positions, or a request
-            that cannot fit in the KV cache even alone.
+            Empty prompt or token ids outside the vocabulary; an :class:`AdmissionError` when it can never
+            run (see :meth:`max_new_tokens_for`).
         """
         params = params or SamplingParams()
         ids = [int(t) for t in prompt_ids]
         if not ids:
-            raise ValueError("add_request: prompt_ids is empty (need at least one token)")
+            raise ValueError("prompt_ids is empty (need at least one token)")
         v = self.config.vocab_size
         bad = [t for t in ids if not 0 <= t < v]
         if bad:
-            raise ValueError(f"add_request: prompt_ids contains {bad[:5]} outside the vocabulary [0, {v})")
-        total = len(ids) + params.max_new_tokens
-        if total > self.config.max_position:
-            raise ValueError(f"add_request: prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                             f"= {total} exceeds the model's max_position {self.config.max_position}")
-        self.scheduler.check_fits(len(ids), params.max_new_tokens)
-        return ids
+            raise ValueError(f"prompt_ids contains {bad[:5]} outside the vocabulary [0, {v})")
+        n = self.max_new_tokens_for(len(ids), params.max_new_tokens, copies)
+        if n != params.max_new_tokens:
+            params = dataclasses.replace(params, max_new_tokens=n)
+        return CheckedRequest(ids, params)
+
+    def add_checked(self, request: CheckedRequest) -> int:
+        """Queue a request :meth:`check_request` gave; it joins the batch at the next :meth:`step`. Returns its id."""
+        params = request.params
+        r = Request(self._next_id, list(request.prompt_ids), params, self.runner.generator_for(params),
+                    RequestTimings(arrival=time.perf_counter()))
+        self._next_id += 1
+        self.output.add(r)
+        self.scheduler.add(r)
+        return r.rid
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
-        """Queue a request; it joins the batch at the next :meth:`step`. Returns its id.
+        """:meth:`check_request` then :meth:`add_checked`. Returns the request's id.
 
         Raises
         ------
         ValueError
             As :meth:`check_request`; nothing is queued then.
         """
-        params = params or SamplingParams()
-        ids = self.check_request(prompt_ids, params)
-        request = Request(self._next_id, ids, params, self.runner.generator_for(params),
-                          RequestTimings(arrival=time.perf_counter()))
-        self._next_id += 1
-        self.output.add(request)
-        self.scheduler.add(request)
-        return request.rid
+        return self.add_checked(self.check_request(prompt_ids, params))
 
+    # ------------------------------------------------------------------ requests
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.num_waiting or self.scheduler.num_running)
 
@@ -161,59 +202,85 @@ class Engine:
     def num_waiting(self) -> int:
         return self.scheduler.num_waiting
 
-    def is_finished(self, rid: int) -> bool:
-        return rid in self._finished
-
-    def pop_completion(self, rid: int) -> Completion:
-        """The finished request's :class:`Completion` (removed from the engine)."""
-        return self.output.completion(self._finished.pop(rid))
+    def has_request(self, rid: int) -> bool:
+        """The request is queued or running, or has outputs :meth:`iterate` keeps for it."""
+        return self.output.has(rid) or rid in self._backlog
 
     def abort(self, rid: int) -> bool:
-        """Drop a request, finished or not: its KV blocks return to the pool at once and its completion is
-        discarded. Returns False when no such request exists (already popped or aborted)."""
-        request = self._finished.pop(rid, None) or self.scheduler.abort(rid)
-        if request is None:
-            return False
+        """Drop a request, finished or not: its KV blocks return to the pool at once and its kept outputs are
+        discarded. Returns False when no such request exists (finished and handed out, or aborted)."""
+        kept = self._backlog.pop(rid, None)
+        request = self.scheduler.abort(rid)
         self.output.drop(rid)
-        return True
+        return kept is not None or request is not None
 
-    def drain_text(self, rid: int) -> str:
-        """New final text of a request since the last call (for streaming). Text that might still become
-        part of a stop string is held back until it cannot."""
-        return self.output.drain_text(rid)
-
-    def drain_logprobs(self, rid: int) -> list[TokenLogprob]:
-        """Log-probabilities of the tokens generated since the last call (for streaming; empty unless the
-        request's params ask for ``logprobs``)."""
-        return self.output.drain_logprobs(rid)
+    def abort_all(self, rids: Sequence[int]) -> int:
+        """:meth:`abort` each request; returns how many existed."""
+        return sum(self.abort(rid) for rid in rids)
 
     # ------------------------------------------------------------------ one step
-    def step(self) -> list[int]:
-        """Run one forward over the scheduled mix; returns the ids of requests that finished in it."""
+    def step(self) -> list[RequestOutput]:
+        """Run one forward over the scheduled mix; the outputs of the requests that got a token, in batch
+        order (see the module docstring). A finished request's output carries its completion; the engine
+        holds nothing of it afterwards."""
         plan = self.scheduler.schedule()
         self.stats.preemptions += plan.num_preempted
-        self.last_sampled = []
         if not plan.chunks:
             if self.scheduler.num_waiting and not self.scheduler.num_running:
                 raise RuntimeError("Engine.step: no request can be scheduled although none is running "
                                    "(KV cache too small); raise num_blocks")
             return []
         t0 = time.perf_counter()
-        sampled = self.runner.execute(plan)
+        sampled, logprobs = self.runner.execute(plan)
         now = time.perf_counter()
         self.scheduler.commit(plan)
-        finished = self.output.process(plan.sampling_requests, sampled, now, self.runner.logprobs)
-        self.last_sampled = [r.rid for r in plan.sampling_requests]
-        for r in finished:
-            self.scheduler.finish(r)
-            r.timings.finished = now
-            self._finished[r.rid] = r
+        requests = plan.sampling_requests
+        outputs = self.output.process(requests, sampled, now, logprobs)
+        for r, out in zip(requests, outputs):
+            if out.completion is not None:
+                self.scheduler.finish(r)
         self.stats.record_step(plan, len(sampled), now - t0, self._traffic)
-        return [r.rid for r in finished]
+        return outputs
 
-    def has_request(self, rid: int) -> bool:
-        """The request is queued, running, or finished and not yet popped."""
-        return self.output.has(rid)
+    # ------------------------------------------------------------------ stepping for callers
+    def iterate(self, rids: Sequence[int]) -> Generator[RequestOutput, None, None]:
+        """Step until the given requests finish, yielding their outputs as they come (each request's last one
+        carries its completion). Outputs of other requests stepped meanwhile are kept for their own
+        :meth:`iterate` / :meth:`run`.
+
+        If a step raises, or the iteration is closed early (``close()``, garbage collection, an interrupt),
+        the given requests that have not finished are aborted: their KV blocks return to the pool.
+
+        Raises
+        ------
+        ValueError
+            An id that is not in the engine (never added, handed out or aborted).
+        """
+        wanted = list(dict.fromkeys(rids))
+        unknown = [rid for rid in wanted if not self.has_request(rid)]
+        if unknown:
+            raise ValueError(f"Engine.iterate: no request with id(s) {unknown[:5]} (never added, finished and "
+                             "handed out, or aborted)")
+        return self._iterate(wanted)
+
+    def _iterate(self, wanted: list[int]) -> Generator[RequestOutput, None, None]:
+        pending = set(wanted)
+        try:
+            for rid in wanted:
+                for out in self._backlog.pop(rid, ()):
+                    if out.completion is not None:
+                        pending.discard(rid)
+                    yield out
+            while pending:
+                for out in self.step():
+                    if out.request_id in pending:
+                        if out.completion is not None:
+                            pending.discard(out.request_id)
+                        yield out
+                    else:
+                        self._backlog.setdefault(out.request_id, []).append(out)
+        finally:
+            self.abort_all(list(pending))
 
     def run(self, rids: Sequence[int] | None = None) -> list[Completion]:
         """Step until the given requests (default: all) finish; return their completions in id order.
@@ -224,44 +291,34 @@ class Engine:
         Raises
         ------
         ValueError
-            An id that is not in the engine (never added, already popped or aborted).
+            An id that is not in the engine (never added, handed out or aborted).
         """
-        wanted = list(rids) if rids is not None else self.scheduler.request_ids() + list(self._finished)
-        unknown = [rid for rid in wanted if not self.has_request(rid)]
-        if unknown:
-            raise ValueError(f"Engine.run: no request with id(s) {unknown[:5]} (never added, popped or aborted)")
-        try:
-            while any(not self.is_finished(rid) for rid in wanted):
-                self.step()
-            return [self.pop_completion(rid) for rid in sorted(wanted)]
-        except BaseException:
-            self.abort_all(wanted)
-            raise
+        wanted = list(rids) if rids is not None else self.scheduler.request_ids() + list(self._backlog)
+        done = {out.request_id: out.completion for out in self.iterate(wanted) if out.completion is not None}
+        return [done[rid] for rid in sorted(set(wanted))]
 
-    def generate(self, requests: Sequence[tuple[Sequence[int], SamplingParams]]) -> list[Completion]:
-        """Validate every (prompt ids, params) first (nothing is queued if one is bad), then queue and
-        :meth:`run` them all; completions in the given order. A failed or interrupted call leaves the engine
-        as it found it (its requests aborted, their blocks freed).
+    def generate(self, requests: Sequence[tuple[Sequence[int], SamplingParams]],
+                 name: str = "requests") -> list[Completion]:
+        """Check every (prompt ids, params) first (nothing is queued if one is bad), then queue and :meth:`run`
+        them all; completions in the given order. A failed or interrupted call leaves the engine as it found
+        it (its requests aborted, their blocks freed).
 
         Raises
         ------
         ValueError
-            ``requests[i]`` is invalid (see :meth:`check_request`); the message names i.
+            ``requests[i]`` is invalid (see :meth:`check_request`); the message begins ``{name}[i]: ``.
         """
+        checked = []
         for i, (ids, params) in enumerate(requests):
             try:
-                self.check_request(ids, params)
+                checked.append(self.check_request(ids, params))
             except ValueError as e:
-                raise ValueError(f"request {i}: {e}") from e
+                raise ValueError(f"{name}[{i}]: {e}") from e
         rids: list[int] = []
         try:
-            for ids, params in requests:
-                rids.append(self.add_request(ids, params))
+            for c in checked:
+                rids.append(self.add_checked(c))
         except BaseException:
             self.abort_all(rids)
             raise
         return self.run(rids)  # rids increase, so id order is the given order
-
-    def abort_all(self, rids: Sequence[int]) -> int:
-        """:meth:`abort` each request; returns how many existed."""
-        return sum(self.abort(rid) for rid in rids)

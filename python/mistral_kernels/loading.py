@@ -1,7 +1,7 @@
-"""``load_model``: a checkpoint path → a :class:`~mistral_kernels.model.Model`, in one process or as one
-tensor-parallel rank (:class:`~mistral_kernels.parallel.ShardedModel`).
+"""``load_model``: a checkpoint (or its path) → a :class:`~mistral_kernels.model.Model`, in one process or as
+one tensor-parallel rank (:class:`~mistral_kernels.parallel.ShardedModel`).
 
-This module composes the loader (:mod:`.weights`), the decoder (:mod:`.model`) and parallelism
+This module composes the loader (:mod:`.checkpoint`), the decoder (:mod:`.model`) and parallelism
 (:mod:`.parallel`), so that none of those imports another's layer above it.
 """
 
@@ -11,35 +11,36 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import Checkpoint, opened
 from .model import Model
 from .parallel import ParallelContext, ShardedModel
-from .weights import load_checkpoint
 
 __all__ = ["load_model"]
 
 
-def load_model(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-               progress: bool = False, parallel: ParallelContext | None = None, quantized: bool = True,
-               quantize: str | None = None) -> Model:
-    """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (see weights.py).
+def load_model(checkpoint: Checkpoint | str | Path, *, device: torch.device | str = "cpu",
+               dtype: torch.dtype | None = None, progress: bool = False, parallel: ParallelContext | None = None,
+               quantized: bool = True, quantize: str | None = None) -> Model:
+    """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (:mod:`.checkpoint`): an
+    open :class:`~mistral_kernels.checkpoint.Checkpoint` (left open) or a path (opened once, closed after).
 
     The format and the architecture come from the checkpoint's content (config.json, params.json or GGUF
     metadata); RoPE layout follows the format; weights are not permuted. ``dtype=None`` keeps the
-    checkpoint's own dtype (:func:`mistral_kernels.weights.default_dtype`: like transformers'
+    checkpoint's own dtype (:meth:`mistral_kernels.checkpoint.Checkpoint.default_dtype`: like transformers'
     ``dtype="auto"``; fp16 → bf16 on the CPU). ``progress`` shows a bar over the bytes read. With
     ``parallel`` each rank reads only its shard of every tensor (:func:`mistral_kernels.parallel.shard_index`)
     and gets a :class:`~mistral_kernels.parallel.ShardedModel`.
 
     ``quantized`` (default True): a GGUF's matrices stay in their stored formats (packed, computed natively;
     ``dtype`` sets activations, norms, embedding and KV cache); False dequantizes them all. ``quantize="int8"``:
-    every matrix becomes int8 weight-only (per output row scales). See :mod:`mistral_kernels.packed_load`.
+    every matrix becomes int8 weight-only (per output row scales). See :mod:`mistral_kernels.checkpoint.packing`.
     With ``parallel`` the weights are dense (a GGUF is dequantized; ``quantize`` is refused).
     """
-    if parallel is None:
-        config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, quantized=quantized,
-                                          quantize=quantize)
-        return Model(config, weights)
-    if quantize is not None:
+    if parallel is not None and quantize is not None:
         raise ValueError("quantize (--quantize) is not supported with tensor parallelism (--tp)")
-    config, weights = load_checkpoint(path, device=device, dtype=dtype, progress=progress, shard=parallel.shard)
-    return ShardedModel(config, weights, parallel)
+    with opened(checkpoint) as ckpt:
+        if parallel is None:
+            return Model(ckpt.config, ckpt.load(device, dtype, progress=progress, quantized=quantized,
+                                                quantize=quantize))
+        weights = ckpt.load(device, dtype, progress=progress, shard=parallel.shard)
+        return ShardedModel(ckpt.config, weights, parallel)

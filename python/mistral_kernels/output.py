@@ -8,9 +8,12 @@ Host-only. For each sampled token of a request, in this order:
 3. else a ``stop_token_ids`` token, or an EOS token (unless ``ignore_eos``) → "stop";
 4. else ``max_new_tokens`` reached → "length".
 
-Streaming (:meth:`OutputProcessor.drain_text`) holds back the last ``len(longest stop) - 1`` characters
-while the request runs, as they might still begin a stop string. Example: stop "</s>", text so far
-"Hello </" → "Hello" is released, " </" is held until later text shows whether "</s>" completes.
+Each processed token gives the request's :class:`RequestOutput` of the step: the new token ids, the text
+that became final since the previous output, the new tokens' log-probabilities, and on the last one the
+:class:`Completion` (the request is then forgotten here). The text delta holds back the last
+``len(longest stop) - 1`` characters while the request runs, as they might still begin a stop string.
+Example: stop "</s>", text so far "Hello </" → "Hello" is released, " </" is held until later text shows
+whether "</s>" completes.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .logprobs import TokenLogprob
 from .request import Request, RequestTimings
 from .tokenization import IncrementalDecoder, Tokenizer
 
-__all__ = ["Completion", "OutputProcessor"]
+__all__ = ["Completion", "OutputProcessor", "RequestOutput"]
 
 
 @dataclass
@@ -54,14 +57,38 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None
 
 
+@dataclass(slots=True)
+class RequestOutput:
+    """What one engine step produced for one request (:meth:`mistral_kernels.engine.Engine.step`).
+
+    Attributes
+    ----------
+    request_id : engine id
+    token_ids : the tokens generated in this step (one per step)
+    text : the text that became final since the previous output (may be empty: an incomplete UTF-8
+        character, or text that might still begin a stop string, is held back)
+    logprobs : the log-probabilities of ``token_ids`` when the request asked for ``logprobs``; else empty
+    completion : the request's :class:`Completion` when it finished in this step; else None
+    """
+
+    request_id: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob]
+    completion: Completion | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.completion is not None
+
+
 @dataclass
 class _TextState:
     request: Request
     decoder: IncrementalDecoder | None
     text: str = ""
-    emitted: int = 0  # text[:emitted] was handed out by drain_text
+    emitted: int = 0  # text[:emitted] was handed out in an output
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    logprobs_emitted: int = 0  # logprobs[:logprobs_emitted] were handed out by drain_logprobs
 
 
 class OutputProcessor:
@@ -84,24 +111,26 @@ class OutputProcessor:
         self._states[request.rid] = _TextState(request, dec)
 
     def process(self, requests: Sequence[Request], token_ids: Sequence[int], now: float,
-                logprobs: Sequence[TokenLogprob | None] | None = None) -> list[Request]:
+                logprobs: Sequence[TokenLogprob | None] | None = None) -> list[RequestOutput]:
         """Append each request's sampled token (``token_ids[i]`` to ``requests[i]``, with its log-probability
-        ``logprobs[i]`` when not None); return those that finished with it, in order."""
-        finished = []
+        ``logprobs[i]`` when not None); the requests' outputs, in order. A request that finished with its
+        token has its ``timings.finished`` set to ``now`` and its completion in its output (and is dropped)."""
+        outputs = []
         for i, (r, tok) in enumerate(zip(requests, token_ids)):
             st = self._states[r.rid]
-            if logprobs is not None and logprobs[i] is not None:
-                st.logprobs.append(logprobs[i])  # type: ignore[arg-type]
+            lp = logprobs[i] if logprobs is not None else None
+            if lp is not None:
+                st.logprobs.append(lp)
             self._append(st, int(tok), now)
+            out = RequestOutput(r.rid, [int(tok)], self._text_delta(st), [lp] if lp is not None else [])
             if r.finish_reason is not None:
-                finished.append(r)
-        return finished
+                r.timings.finished = now
+                out.completion = self.completion(r)
+            outputs.append(out)
+        return outputs
 
-    def drain_text(self, rid: int) -> str:
-        """New final text of a request since the last call (see the module docstring)."""
-        st = self._states.get(rid)
-        if st is None:
-            raise KeyError(f"drain_text: no request {rid}")
+    def _text_delta(self, st: _TextState) -> str:
+        """New final text of a request since its previous output (see the module docstring)."""
         stop = st.request.params.stop
         end = len(st.text)
         if st.request.finish_reason is None and stop:
@@ -109,15 +138,6 @@ class OutputProcessor:
         piece = st.text[st.emitted:end]
         st.emitted = end
         return piece
-
-    def drain_logprobs(self, rid: int) -> list[TokenLogprob]:
-        """Log-probabilities of the tokens generated since the last call (for streaming)."""
-        st = self._states.get(rid)
-        if st is None:
-            raise KeyError(f"drain_logprobs: no request {rid}")
-        new = st.logprobs[st.logprobs_emitted:]
-        st.logprobs_emitted = len(st.logprobs)
-        return new
 
     def has(self, rid: int) -> bool:
         """The request is tracked (added, neither dropped nor turned into a completion)."""

@@ -11,9 +11,28 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
-__all__ = ["Request", "RequestTimings"]
+__all__ = ["CheckedRequest", "Request", "RequestTimings"]
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request the engine has checked and can queue (:meth:`mistral_kernels.engine.Engine.check_request`).
+
+    Attributes
+    ----------
+    prompt_ids : the prompt, ints in the vocabulary
+    params : its sampling parameters, ``max_new_tokens`` resolved (never None)
+    """
+
+    prompt_ids: list[int]
+    params: SamplingParams
+
+    def for_choice(self, i: int) -> CheckedRequest:
+        """The i-th choice of this request: its seed + i (``SamplingParams.for_choice``; the seed does not
+        change admission)."""
+        return self if i == 0 else CheckedRequest(self.prompt_ids, self.params.for_choice(i))
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The model runner: a :class:`~mistral_kernels.scheduler.SchedulerOutput` → input tensors and an
-:class:`~mistral_kernels.batch.AttentionBatch` → one ``model.forward`` → sampled token ids.
+:class:`~mistral_kernels.batch.AttentionBatch` → one ``model.forward`` → sampled token ids (and their
+log-probabilities for the requests that ask).
 
 Shape letters: T packed new tokens of one step, N sequences that sample, V vocab.
 
@@ -69,11 +70,6 @@ class ModelRunner:
         collectives are not captured yet). False: the padded runner on every device (eager off CUDA).
         A CPU model without the padded runner takes its decode steps' index tensors from
         :class:`~mistral_kernels.decode_inputs.CpuDecodeInputs` (in-place buffers, no padding).
-
-    Attributes
-    ----------
-    logprobs : after :meth:`execute`, per sampling request: its token's :class:`TokenLogprob` when its
-        params ask for ``logprobs``, else None (all None costs nothing)
     """
 
     def __init__(self, model: PagedModel, num_blocks: int, block_size: int, *, max_batch: int = 8,
@@ -85,7 +81,6 @@ class ModelRunner:
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
         self._broadcast = getattr(model, "broadcast_tokens", None)
-        self.logprobs: list[TokenLogprob | None] = []
         if enforce_eager is None:
             enforce_eager = self.device.type != "cuda" or self._broadcast is not None
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
@@ -121,8 +116,10 @@ class ModelRunner:
         with device_index_checks(False):  # validated on the host by AttentionBatch.build
             return self.model.forward(ids, batch, self.cache)  # [N, V]
 
-    def execute(self, output: SchedulerOutput) -> list[int]:
-        """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)."""
+    def execute(self, output: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None] | None]:
+        """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)
+        and, when one of them asks for ``logprobs``, one entry per request: its token's :class:`TokenLogprob`,
+        or None for a request that does not ask (None instead of the list when none asks: no cost)."""
         chunks = output.chunks
         decode = bool(chunks) and all(c.num_new == 1 and c.samples for c in chunks)
         if decode and self.decode_graphs is not None and len(chunks) <= self.decode_graphs.max_batch:
@@ -136,9 +133,8 @@ class ModelRunner:
         else:
             logits = self._forward_mixed(chunks, output.block_size)  # [N, V]
         samplers = output.sampling_requests
-        self.logprobs = [None] * len(samplers)
         if not samplers:
-            return []
+            return [], None
         penalized = any(r.params.needs_history for r in samplers)
         next_ids = sample(logits, [r.params for r in samplers],
                           [r.generator or self._default_generator for r in samplers],
@@ -146,6 +142,6 @@ class ModelRunner:
                           [r.output_ids for r in samplers] if penalized else None)  # [N]
         if self._broadcast is not None:  # tensor parallel: rank 0's tokens everywhere
             next_ids = self._broadcast(next_ids)
-        if any(r.params.logprobs is not None for r in samplers):
-            self.logprobs = token_logprobs(logits, next_ids, [r.params.logprobs for r in samplers])
-        return next_ids.tolist()  # the one host read of the step (a second one only with logprobs)
+        logprobs = token_logprobs(logits, next_ids, [r.params.logprobs for r in samplers]) \
+            if any(r.params.logprobs is not None for r in samplers) else None
+        return next_ids.tolist(), logprobs  # the one host read of the step (a second one only with logprobs)

@@ -3,10 +3,10 @@ penalties, seeds.
 
 Shape letters: B sequences (rows of the logits), V vocabulary.
 
-One call samples a whole batch; each row has its own :class:`SamplingParams`. The order of the
-transforms is the usual one (as in HF ``generate``): repetition penalty → presence / frequency
-penalties → temperature → top-k → top-p → min-p → sample. ``temperature == 0`` is greedy (argmax, lowest
-id on ties) and ignores the other filters except the penalties.
+One call samples a whole batch; each row has its own :class:`~.sampling_params.SamplingParams` (defined
+there, re-exported here). The order of the transforms is the usual one (as in HF ``generate``): repetition
+penalty → presence / frequency penalties → temperature → top-k → top-p → min-p → sample.
+``temperature == 0`` is greedy (argmax, lowest id on ties) and ignores the other filters except the penalties.
 
 Reproducibility: a row with a ``seed`` draws from its own ``torch.Generator`` (created by the engine per
 request), so its tokens do not depend on what else is in the batch, on batch order or on preemption.
@@ -17,93 +17,13 @@ per vocabulary entry, which picks token i with probability p_i exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 
+from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 from .transfer import to_device
 
 __all__ = ["MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "apply_filters", "sample"]
-
-MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the OpenAI API allows)
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling and stopping parameters.
-
-    Attributes
-    ----------
-    max_new_tokens : generate at most this many tokens
-    temperature : 0 = greedy; otherwise logits / temperature
-    top_k : keep the k most likely tokens (0 = off)
-    top_p : keep the smallest set of most likely tokens whose probability reaches top_p (1 = off)
-    min_p : drop tokens with probability < min_p · (max probability) (0 = off)
-    repetition_penalty : > 1 discourages tokens already in the prompt or output (HF/CTRL rule:
-        positive logits divided, negative multiplied); 1 = off
-    presence_penalty : subtracted once from the logit of every token already generated (OpenAI rule,
-        in [-2, 2]; the prompt does not count); 0 = off
-    frequency_penalty : subtracted from a token's logit once per time it was generated (OpenAI rule,
-        in [-2, 2]); 0 = off
-    seed : seeds this request's own generator (reproducible); None draws from the engine's generator
-    stop : stop strings; generation ends when the output text contains one (the text is cut before it)
-    stop_token_ids : extra token ids that end generation (besides the tokenizer's EOS)
-    ignore_eos : keep generating through EOS (for benchmarks); max_new_tokens still applies
-    logprobs : None = off; k in [0, MAX_LOGPROBS] = return, for each generated token, its log-probability
-        and the k most likely tokens' under the raw model distribution (``log_softmax`` of the model's
-        logits, before penalties, temperature and filters; see :mod:`mistral_kernels.logprobs`)
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
-    ignore_eos: bool = False
-    logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def needs_history(self) -> bool:
-        """A penalty reads the tokens seen so far (``sample``'s ``seen`` / ``generated``)."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 def _penalize(logits: torch.Tensor, rows: list[int], penalties: list[float],

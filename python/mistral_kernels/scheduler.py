@@ -36,7 +36,21 @@ from dataclasses import dataclass
 from .cache import BlockManager, OutOfBlocksError
 from .request import Request
 
-__all__ = ["ScheduledChunk", "Scheduler", "SchedulerOutput"]
+__all__ = ["AdmissionError", "ScheduledChunk", "Scheduler", "SchedulerOutput"]
+
+
+class AdmissionError(ValueError):
+    """A request that can never run on this engine, however long it waits.
+
+    Attributes
+    ----------
+    argument : what to lower: "prompt_ids" (the prompt alone is too long), "max_new_tokens", or "copies" (too
+        many copies of the request to fit together)
+    """
+
+    def __init__(self, message: str, argument: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 @dataclass(frozen=True)
@@ -118,15 +132,31 @@ class Scheduler:
         """Ids of the unfinished requests: waiting, then running."""
         return [r.rid for r in self._waiting + self._running]
 
-    def check_fits(self, num_prompt: int, max_new_tokens: int) -> None:
-        """Raise a ValueError if a request of this size could not fit in the pool even alone."""
-        total = num_prompt + max_new_tokens
-        need = self.blocks.max_blocks_per_sequence(total, chunk=1)
-        if need > self.blocks.num_blocks:
-            raise ValueError(
-                f"add_request: the request needs {need} KV blocks of {self.blocks.block_size} tokens "
-                f"(prompt {num_prompt} + max_new_tokens {max_new_tokens}) but the cache has only "
-                f"{self.blocks.num_blocks}; raise num_blocks (--num-blocks) or lower max_new_tokens")
+    def check_fits(self, num_prompt: int, max_new_tokens: int, copies: int = 1) -> None:
+        """Raise an :class:`AdmissionError` if a request of this size could not fit in the pool even alone
+        (``argument`` "prompt_ids" when even one new token does not fit, else "max_new_tokens"), or ``copies``
+        of it not together ("copies")."""
+        bs, pool = self.blocks.block_size, self.blocks.num_blocks
+        if self.blocks.max_blocks_per_sequence(num_prompt + 1, chunk=1) > pool:
+            raise AdmissionError(f"the prompt is {num_prompt} tokens but the KV cache holds {pool} blocks of {bs} "
+                                 "tokens; raise num_blocks (--num-blocks) or shorten the prompt", "prompt_ids")
+        need = self.blocks.max_blocks_per_sequence(num_prompt + max_new_tokens, chunk=1)
+        if need > pool:
+            raise AdmissionError(
+                f"the request needs {need} KV blocks of {bs} tokens (prompt {num_prompt} + max_new_tokens "
+                f"{max_new_tokens}) but the cache has only {pool}; raise num_blocks (--num-blocks) or lower "
+                "max_new_tokens", "max_new_tokens")
+        if copies * need > pool:
+            raise AdmissionError(f"{copies} copies of a request of {need} KV blocks exceed the cache's {pool} "
+                                 "blocks; ask for fewer copies or lower max_new_tokens", "copies")
+
+    def most_new_tokens(self, num_prompt: int, limit: int) -> int:
+        """The most new tokens (≤ ``limit``, ≥ 1) a request of ``num_prompt`` tokens can have in the pool alone
+        (a multiple of the block size below ``limit`` when ``limit`` does not fit)."""
+        n = limit
+        while n > 1 and self.blocks.max_blocks_per_sequence(num_prompt + n) > self.blocks.num_blocks:
+            n -= self.blocks.block_size
+        return max(1, n)
 
     def add(self, request: Request) -> None:
         """Queue a new request (its rid must be larger than every queued one)."""

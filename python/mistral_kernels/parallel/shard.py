@@ -133,7 +133,7 @@ def _rows(r: range, width: int) -> slice:
 
 def shard_index(config: ModelConfig, name: str, rank: int, tp: int,
                 moe: str = "expert") -> tuple[slice, ...] | None:
-    """Which part of canonical tensor ``name`` (see weights.py) rank ``rank`` reads; None = all of it.
+    """Which part of canonical tensor ``name`` (see checkpoint/naming.py) rank ``rank`` reads; None = all of it.
 
     Returns one slice per leading dim (trailing dims whole). Examples (Mistral-7B: Hq=32, Hkv=8, D=128,
     I=14336, tp=4, rank 1): ``layers.0.wq`` → (rows 1024‥2047,), ``layers.0.wk`` → (rows 256‥511,),

@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP app: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 ``/health``, ``/metrics``.
 
-Each endpoint validates its body (:mod:`.protocol`), turns it into prompt ids and one
-:class:`~mistral_kernels.sampling.SamplingParams` per choice (``n`` choices of a prompt are ``n`` engine
-requests; with a ``seed``, choice i samples with ``seed + i``), submits them to the shared
+Each endpoint validates its body (:mod:`.protocol`), turns it into prompt ids and its
+:class:`~mistral_kernels.sampling_params.SamplingParams` (``body.to_sampling_params()``), has the engine admit
+each prompt (:meth:`~mistral_kernels.engine.Engine.check_request`: the token limit, the context, the KV
+pool for ``n`` copies; a request that can never run is a 400 naming the field to lower), makes ``n``
+engine requests of each (with a ``seed``, choice i samples with ``seed + i``), submits them to the shared
 :class:`~.async_engine.AsyncEngine`, and answers either one JSON body or server-sent events (one chunk per
 detokenised piece). A client that disconnects (streaming or not) has its requests aborted: their KV
 blocks return to the pool before the next engine step.
@@ -26,15 +28,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine import Completion
+from ..engine import AdmissionError, CheckedRequest, Completion
 from ..llm import LLM
 from ..logprobs import TokenLogprob
-from ..sampling import SamplingParams
 from .async_engine import AsyncEngine, DoneEvent, Overloaded, RequestStream, TextEvent
 from .errors import APIError, install_error_handlers
 from .logprobs_format import LogprobFormatter
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .protocol import ChatCompletionRequest, CompletionRequest, InvalidField, SamplingFields
 from .tp import EngineMirror
 
 __all__ = ["ServerState", "build_app"]
@@ -91,15 +92,12 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: 
             prompt = llm.tokenizer.apply_chat_template(messages)  # type: ignore[arg-type]
         except ValueError as e:
             raise APIError(400, f"messages: {e}", "messages") from e
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return await _serve(state, request, body, [prompt], "messages", max_tokens, logprobs, chat=True)
+        return await _serve(state, request, body, [prompt], "messages", chat=True)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         _check_model(state, body)
-        return await _serve(state, request, body, _prompts(state, body.prompt), "prompt", body.max_tokens,
-                            body.logprobs, chat=False)
+        return await _serve(state, request, body, _prompts(state, body.prompt), "prompt", chat=False)
 
     return app
 
@@ -126,56 +124,37 @@ def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list
     return out
 
 
-def _params(state: ServerState, body: SamplingFields, prompt: list[int], field: str,
-            max_tokens: int | None, logprobs: int | None) -> list[SamplingParams]:
-    """One SamplingParams per choice; raises a 400 naming the field when the request can never fit."""
-    engine = state.llm.engine
-    max_position = engine.config.max_position
-    blocks = engine.blocks
-    pool_tokens = blocks.num_blocks * blocks.block_size
-    n_prompt = len(prompt)
-    if n_prompt >= min(max_position, pool_tokens):
-        raise APIError(400, f"{field}: the prompt is {n_prompt} tokens; the model's context is {max_position} "
-                            f"tokens and the KV cache holds {pool_tokens}", field, "context_length_exceeded")
-    if max_tokens is None:
-        max_tokens = min(max_position, pool_tokens) - n_prompt
-        while max_tokens > 1 and blocks.max_blocks_per_sequence(n_prompt + max_tokens) > blocks.num_blocks:
-            max_tokens -= blocks.block_size
-        max_tokens = max(1, max_tokens)
-    elif n_prompt + max_tokens > max_position:
-        raise APIError(400, f"max_tokens: prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
-                            f"model's context of {max_position} tokens", "max_tokens", "context_length_exceeded")
-    need = blocks.max_blocks_per_sequence(n_prompt + max_tokens)
-    if need > blocks.num_blocks:
-        raise APIError(400, f"max_tokens: prompt ({n_prompt}) + max_tokens ({max_tokens}) needs {need} KV blocks; "
-                            f"the server has {blocks.num_blocks} (lower max_tokens)", "max_tokens")
-    if body.n * need > blocks.num_blocks:
-        raise APIError(400, f"n: {body.n} choices of {need} KV blocks each exceed the server's {blocks.num_blocks} "
-                            "blocks; lower n or max_tokens", "n")
+def _requests(state: ServerState, body: SamplingFields, prompts: list[list[int]],
+              field: str) -> list[CheckedRequest]:
+    """``n`` engine requests per prompt, admitted by the engine; a 400 naming the body field otherwise."""
     try:
-        return [SamplingParams(max_new_tokens=max_tokens, temperature=body.temperature, top_k=body.top_k,
-                               top_p=body.top_p, min_p=body.min_p, presence_penalty=body.presence_penalty,
-                               frequency_penalty=body.frequency_penalty,
-                               seed=None if body.seed is None else body.seed + i, stop=body.stop_strings(),
-                               ignore_eos=body.ignore_eos, logprobs=logprobs) for i in range(body.n)]
-    except ValueError as e:  # SamplingParams' messages begin with the field ("stop strings must be ...")
-        name = str(e).split()[0]
-        raise APIError(400, str(e), name if name in type(body).model_fields else None) from e
+        params = body.to_sampling_params()
+    except InvalidField as e:
+        raise APIError(400, str(e), e.param) from e
+    params_of = {"prompt_ids": field, "max_new_tokens": body.param_name("max_new_tokens"), "copies": "n"}
+    out = []
+    for prompt in prompts:
+        try:
+            checked = state.llm.engine.check_request(prompt, params, copies=body.n)
+        except AdmissionError as e:
+            param = params_of[e.argument]
+            raise APIError(400, f"{param}: {e}", param,
+                           "context_length_exceeded" if e.argument != "copies" else None) from e
+        except ValueError as e:
+            raise APIError(400, f"{field}: {e}", field) from e
+        out += [checked.for_choice(i) for i in range(body.n)]
+    return out
 
 
-async def _submit_all(state: ServerState, jobs: Sequence[tuple[list[int], SamplingParams]]) -> list[RequestStream]:
+async def _submit_all(state: ServerState, requests: Sequence[CheckedRequest]) -> list[RequestStream]:
     streams: list[RequestStream] = []
     try:
-        for prompt, params in jobs:
-            streams.append(await state.engine.submit(prompt, params))
+        for r in requests:
+            streams.append(await state.engine.submit(r))
     except Overloaded as e:
         for s in streams:
             s.abort()
         raise APIError(503, str(e), None, "overloaded") from e
-    except ValueError as e:
-        for s in streams:
-            s.abort()
-        raise APIError(400, str(e)) from e
     return streams
 
 
@@ -186,13 +165,13 @@ def _usage(prompts: Sequence[list[int]], completions: Sequence[Completion]) -> d
 
 
 async def _serve(state: ServerState, request: Request, body: SamplingFields, prompts: list[list[int]], field: str,
-                 max_tokens: int | None, logprobs: int | None, *, chat: bool) -> Response:
-    jobs = [(p, params) for p in prompts for params in _params(state, body, p, field, max_tokens, logprobs)]
-    streams = await _submit_all(state, jobs)
+                 *, chat: bool) -> Response:
+    requests = _requests(state, body, prompts, field)
+    streams = await _submit_all(state, requests)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.served_model_name}
-    fmt = LogprobFormatter(state.llm.tokenizer) if logprobs is not None else None
+    fmt = LogprobFormatter(state.llm.tokenizer) if requests[0].params.logprobs is not None else None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(_sse(streams, head, prompts, chat, include_usage, fmt),

@@ -15,7 +15,9 @@ logprobs)``            string is held back by the engine) and the log-probabilit
 =====================  ==========================================================================
 
 Loop: take every queued command (waiting up to 50 ms for one when the engine is idle), run one
-:meth:`Engine.step`, publish each tracked request's new text, and publish completions. An aborted request
+:meth:`Engine.step`, and publish what it returns (:class:`~mistral_kernels.output.RequestOutput`): each
+tracked request's new text and log-probabilities, and its completion when it finished. The loop reads
+nothing else of the engine's step. An aborted request
 (client gone) is dropped by the engine at the next command pass: its KV blocks return to the pool before
 the next step.
 
@@ -33,9 +35,8 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from ..engine import Completion, Engine
+from ..engine import CheckedRequest, Completion, Engine
 from ..logprobs import TokenLogprob
-from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .tp import EngineMirror
 
@@ -104,8 +105,7 @@ class RequestStream:
 
 @dataclass(frozen=True)
 class _Add:
-    prompt_ids: list[int]
-    params: SamplingParams
+    request: CheckedRequest
     tracked: _Tracked
     result: Future[int]
 
@@ -157,9 +157,9 @@ class AsyncEngine:
     def healthy(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    async def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
-        """Queue a request. Raises :class:`Overloaded` (queue full / shutting down) or the engine's
-        ValueError (prompt too long for the model or the KV pool, ...)."""
+    async def submit(self, request: CheckedRequest) -> RequestStream:
+        """Queue a request the engine admitted (:meth:`Engine.check_request`). Raises :class:`Overloaded`
+        (queue full / shutting down)."""
         if self._draining or not self.healthy:
             raise Overloaded("the server is shutting down" if self._draining else
                              f"the engine loop stopped: {self.error!r}")
@@ -168,7 +168,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         tracked = _Tracked(loop, asyncio.Queue(), time.perf_counter())
         result: Future[int] = Future()
-        self._inbox.put(_Add(list(prompt_ids), params, tracked, result))
+        self._inbox.put(_Add(request, tracked, result))
         rid = await asyncio.wrap_future(result)
         return RequestStream(rid, self, tracked.events)
 
@@ -218,31 +218,26 @@ class AsyncEngine:
             return
         if not cmd.result.set_running_or_notify_cancel():  # the submitter was cancelled while it waited
             return
-        try:
-            rid = self.engine.add_request(cmd.prompt_ids, cmd.params)
-        except ValueError as e:
-            cmd.result.set_exception(e)
-            return
+        rid = self.engine.add_checked(cmd.request)
         if self.mirror is not None:
-            self.mirror.added(rid, cmd.prompt_ids, cmd.params)
+            self.mirror.added(rid, cmd.request)
         self._tracked[rid] = cmd.tracked
-        self.metrics.prompt_tokens.inc(len(cmd.prompt_ids))
+        self.metrics.prompt_tokens.inc(len(cmd.request.prompt_ids))
         cmd.result.set_result(rid)
 
     def _step(self) -> None:
         preempted = self.engine.stats.preemptions
-        finished = self.engine.step()
+        outputs = self.engine.step()
         now = time.perf_counter()
         m = self.metrics
         m.preemptions.inc(self.engine.stats.preemptions - preempted)
-        sampled = self.engine.last_sampled
-        if sampled:
-            m.batch_size.observe(len(sampled))
-            m.max_running.set(max(m.max_running_value, len(sampled)))
-            m.max_running_value = max(m.max_running_value, len(sampled))
-        m.generation_tokens.inc(len(sampled))
-        for rid in sampled:
-            t = self._tracked.get(rid)
+        if outputs:
+            m.batch_size.observe(len(outputs))
+            m.max_running.set(max(m.max_running_value, len(outputs)))
+            m.max_running_value = max(m.max_running_value, len(outputs))
+        m.generation_tokens.inc(sum(len(out.token_ids) for out in outputs))
+        for out in outputs:
+            t = self._tracked.get(out.request_id)
             if t is None:
                 continue
             if t.last_token is None:
@@ -250,17 +245,12 @@ class AsyncEngine:
             else:
                 m.inter_token_latency.observe(now - t.last_token)
             t.last_token = now
-            piece = self.engine.drain_text(rid)
-            logprobs = tuple(self.engine.drain_logprobs(rid))
-            if piece or logprobs:
-                self._publish(t, TextEvent(piece, logprobs))
-        for rid in finished:
-            completion = self.engine.pop_completion(rid)
-            t = self._tracked.pop(rid, None)
-            if t is None:
-                continue
-            m.finished.labels(completion.finish_reason).inc()
-            self._publish(t, DoneEvent(completion))
+            if out.text or out.logprobs:
+                self._publish(t, TextEvent(out.text, tuple(out.logprobs)))
+            if out.completion is not None:
+                del self._tracked[out.request_id]
+                m.finished.labels(out.completion.finish_reason).inc()
+                self._publish(t, DoneEvent(out.completion))
 
     def _publish(self, t: _Tracked, event: Event) -> None:
         try:

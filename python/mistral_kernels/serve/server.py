@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-import torch
 import uvicorn
 
+from ..engine_args import EngineArgs
 from ..llm import LLM
 from ..parallel import ParallelContext
 from .app import build_app
@@ -45,8 +45,7 @@ def _exit_zero(sig: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def serve_main(args: argparse.Namespace, dtype: torch.dtype | None, parallel: ParallelContext | None = None,
-               device: str | None = None) -> int:
+def serve_main(args: argparse.Namespace, parallel: ParallelContext | None = None, device: str | None = None) -> int:
     """Serve until SIGINT / SIGTERM; ``parallel``: this process is one rank of ``--tp N`` (device: its own)."""
     rank = parallel.rank if parallel is not None else 0
     tp = parallel is not None and parallel.world_size > 1
@@ -57,11 +56,8 @@ def serve_main(args: argparse.Namespace, dtype: torch.dtype | None, parallel: Pa
 
         group = control_group(dist.get_backend())
     try:
-        llm = LLM(args.model, device=device or args.device, dtype=dtype, max_batch=args.max_batch,
-                  block_size=args.block_size, num_blocks=args.num_blocks,
-                  max_tokens_per_step=args.max_tokens_per_step, tokenizer=args.tokenizer, parallel=parallel,
-                  prefix_caching=args.enable_prefix_caching, enforce_eager=args.enforce_eager,
-                  quantized=not args.dequantize, quantize=args.quantize)
+        kwargs = EngineArgs.from_cli_args(args).to_llm_kwargs()
+        llm = LLM(**{**kwargs, "device": device or kwargs["device"]}, parallel=parallel)
     except (RuntimeError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"{prefix}: cannot load the model: {e}", file=sys.stderr)
         return 2

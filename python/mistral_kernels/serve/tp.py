@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Engine
-from ..sampling import SamplingParams
+from ..engine import CheckedRequest, Engine
 
 __all__ = ["HEARTBEAT_S", "AddOp", "AbortOp", "EngineMirror", "Sync", "control_group", "follow"]
 
@@ -40,8 +39,7 @@ HEARTBEAT_S = 60.0
 @dataclass(frozen=True)
 class AddOp:
     rid: int  # the id rank 0's engine gave the request; a follower's engine must give the same
-    prompt_ids: list[int]
-    params: SamplingParams
+    request: CheckedRequest  # as rank 0's engine admitted it
 
 
 @dataclass(frozen=True)
@@ -83,8 +81,8 @@ class EngineMirror:
     pending: list[AddOp | AbortOp] = field(default_factory=list)
     last_sent: float = field(default_factory=time.monotonic)
 
-    def added(self, rid: int, prompt_ids: list[int], params: SamplingParams) -> None:
-        self.pending.append(AddOp(rid, list(prompt_ids), params))
+    def added(self, rid: int, request: CheckedRequest) -> None:
+        self.pending.append(AddOp(rid, request))
 
     def aborted(self, rid: int) -> None:
         self.pending.append(AbortOp(rid))
@@ -123,7 +121,7 @@ def follow(engine: Engine, group: Any, rank: int) -> None:
             if isinstance(op, AbortOp):
                 engine.abort(op.rid)
                 continue
-            rid = engine.add_request(op.prompt_ids, op.params)
+            rid = engine.add_checked(op.request)
             if rid != op.rid:
                 raise RuntimeError(f"rank {rank}: request id {rid} differs from rank 0's {op.rid}; the ranks' "
                                    "engines are out of step")
@@ -133,5 +131,4 @@ def follow(engine: Engine, group: Any, rank: int) -> None:
             raise RuntimeError(f"rank {rank}: rank 0 {'steps' if message.step else 'does not step'} but this "
                                "rank's engine disagrees about unfinished requests; the ranks are out of step")
         if message.step:
-            for rid in engine.step():
-                engine.pop_completion(rid)
+            engine.step()  # the outputs are rank 0's to publish; a finished request is gone from the engine

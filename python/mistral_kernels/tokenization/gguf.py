@@ -28,13 +28,13 @@ and, as llama.cpp does, each text part after one gets its own prefix. Worked exa
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from ..gguf_metadata import read_gguf_metadata
+from ..checkpoint.gguf_header import read_gguf_metadata
 from .hf import HFTokenizer
 
 # The regexes below are the pre-tokenizer splits named by `tokenizer.ggml.pre` (the same ones llama.cpp applies).
@@ -162,12 +162,19 @@ class SentencePieceTokenizer(HFTokenizer):
 
 
 def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
-    """The tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata.
+    """The tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata (:func:`gguf_tokenizer` of the
+    file's header)."""
+    return gguf_tokenizer(read_gguf_metadata(path), path)
+
+
+def gguf_tokenizer(meta: Mapping[str, Any], path: str | Path) -> HFTokenizer:
+    """The tokenizer described by GGUF metadata ``meta`` (a header already read, e.g. by
+    :class:`~mistral_kernels.checkpoint.Checkpoint`).
 
     Parameters
     ----------
-    path : str or Path
-        A ``.gguf`` file.
+    meta : the GGUF key/value metadata (``tokenizer.ggml.*`` read here)
+    path : the file it comes from, for messages
 
     Returns
     -------
@@ -176,7 +183,6 @@ def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
         ``add_bos_token``, ``chat_template``. BOS is added by a post-processor when ``add_bos_token``.
         A SentencePiece vocabulary with ``add_space_prefix`` gives a :class:`SentencePieceTokenizer`.
     """
-    meta = read_gguf_metadata(path)
     kind = meta.get("tokenizer.ggml.model")
     if kind is None:
         raise ValueError(f"{path}: GGUF file has no tokenizer (tokenizer.ggml.model missing)")

@@ -16,7 +16,7 @@ class HFTokenizer(Tokenizer):
     """A ``tokenizers.Tokenizer`` plus an HF-style config (special tokens, jinja2 chat template).
 
     Built from a tokenizer.json (+ tokenizer_config.json / chat_template.jinja / generation_config.json next
-    to it, :func:`load_hf_json`) or from GGUF metadata (:func:`mistral_kernels.tokenization.gguf.read_gguf_tokenizer`).
+    to it, :func:`load_hf_json`) or from GGUF metadata (:func:`mistral_kernels.tokenization.gguf.gguf_tokenizer`).
     """
 
     def __init__(self, backend: Any, config: dict[str, Any], kind: str, extra_eos: Sequence[int] = ()) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+from ..checkpoint import Checkpoint
 from .base import Tokenizer
 from .hf import load_hf_json
 from .mistral import MistralCommonTokenizer
@@ -15,16 +17,18 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load a tokenizer from a file or a model directory.
+def load_tokenizer(path: str | Path | Checkpoint) -> Tokenizer:
+    """Load a tokenizer from a file, a model directory or an open checkpoint.
 
     Parameters
     ----------
-    path : str or Path
-        One of: a ``.gguf`` file (tokenizer built from its metadata); an HF ``tokenizer.json`` (its folder's
-        tokenizer_config.json / chat_template.jinja / generation_config.json are read too); a mistral-common
-        ``tekken.json`` or SentencePiece ``tokenizer.model[.vN]``; or a directory holding one of those
-        (searched in that order: tokenizer.json, tekken.json, tokenizer.model*, a single *.gguf).
+    path : str, Path or Checkpoint
+        One of: an open :class:`~mistral_kernels.checkpoint.Checkpoint` (its
+        :meth:`~mistral_kernels.checkpoint.Checkpoint.tokenizer_source`: a GGUF's header already read, or the
+        checkpoint directory); a ``.gguf`` file (tokenizer built from its metadata); an HF ``tokenizer.json``
+        (its folder's tokenizer_config.json / chat_template.jinja / generation_config.json are read too); a
+        mistral-common ``tekken.json`` or SentencePiece ``tokenizer.model[.vN]``; or a directory holding one
+        of those (searched in that order: tokenizer.json, tekken.json, tokenizer.model*, a single *.gguf).
 
     Returns
     -------
@@ -37,6 +41,13 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     ValueError
         The file is not a tokenizer this function knows.
     """
+    if isinstance(path, Checkpoint):
+        source = path.tokenizer_source()
+        if isinstance(source, Mapping):
+            from .gguf import gguf_tokenizer
+
+            return gguf_tokenizer(source, path.path)
+        path = source
     p = Path(path)
     if p.is_dir():
         candidates = [p / "tokenizer.json", p / "tekken.json", *sorted(p.glob("tokenizer.model*")),

@@ -1,10 +1,13 @@
 """Tensor data in checkpoint files: where each tensor lies, and reading it straight into its destination.
 
 Both file formats are described by a small header (safetensors: a JSON object; GGUF:
-:mod:`mistral_kernels.gguf_metadata`) that gives each tensor a dtype, a shape and a byte range. Every header
+:mod:`mistral_kernels.checkpoint.gguf_header`) that gives each tensor a dtype, a shape and a byte range. Every header
 is validated against the file before any data is read (byte ranges inside the file and of the size the
 dtype and shape imply, GGUF types known), so corrupt files raise
 :class:`~mistral_kernels.errors.CheckpointError` naming the file and tensor.
+
+Every function here works on a file already open (a descriptor the
+:class:`~mistral_kernels.checkpoint.source.TensorSource` holds): a checkpoint's files are opened once.
 
 Reading (docs/design.md §6), two ways, neither holding a second copy:
 
@@ -27,7 +30,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CheckpointError
-from .gguf_metadata import GGUFHeader
+from ..errors import CheckpointError
+from .gguf_header import GGUFHeader
 
-__all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "map_packed", "map_tensors", "read_into",
-           "read_packed", "safetensors_tensors", "selected_shape"]
+__all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "map_packed", "map_tensors", "private_map",
+           "read_into", "read_packed", "safetensors_tensors", "selected_shape"]
 
 Index = tuple[slice, ...]  # one slice per dim: the part of a tensor to read (tensor-parallel shards)
 CHUNK_BYTES = 16 << 20  # scratch for conversions; also the piece size of parallel direct reads
@@ -78,23 +81,23 @@ class TensorInfo:
 
 
 # ---------------------------------------------------------------------------------------------- headers
-def safetensors_tensors(file: Path) -> dict[str, TensorInfo]:
-    """The tensors of one ``.safetensors`` file, from its header (validated against the file size).
+def safetensors_tensors(fd: int, file: Path) -> dict[str, TensorInfo]:
+    """The tensors of one ``.safetensors`` file open as ``fd``, from its header (validated against the file
+    size); ``file`` names it.
 
     Layout: u64 little-endian N, N bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [b, e]}}``
     (offsets relative to the end of the header), then the data.
     """
     try:
-        size = file.stat().st_size
-        with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{file}: truncated safetensors file ({size} bytes, no header)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, _HEADER_LIMIT):
-                raise CheckpointError(f"{file}: safetensors header length {n} exceeds the file ({size} bytes) or "
-                                      f"the {_HEADER_LIMIT}-byte limit")
-            header = json.loads(f.read(n))
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise CheckpointError(f"{file}: truncated safetensors file ({size} bytes, no header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, _HEADER_LIMIT):
+            raise CheckpointError(f"{file}: safetensors header length {n} exceeds the file ({size} bytes) or "
+                                  f"the {_HEADER_LIMIT}-byte limit")
+        header = json.loads(os.pread(fd, n, 8))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{file}: unreadable safetensors header ({type(e).__name__}: {e})") from e
     if not isinstance(header, dict):
@@ -125,13 +128,12 @@ def safetensors_tensors(file: Path) -> dict[str, TensorInfo]:
     return out
 
 
-def gguf_tensors(file: Path, header: GGUFHeader) -> dict[str, TensorInfo]:
-    """The tensors of a GGUF file: each type known, its size implied by type and shape, and the data where
-    the header says — inside the file, not overlapping the next tensor, with no more than alignment padding
-    after it (a type edited in place changes the implied size and is caught here)."""
+def gguf_tensors(file: Path, header: GGUFHeader, size: int) -> dict[str, TensorInfo]:
+    """The tensors of a GGUF file of ``size`` bytes: each type known, its size implied by type and shape, and
+    the data where the header says — inside the file, not overlapping the next tensor, with no more than
+    alignment padding after it (a type edited in place changes the implied size and is caught here)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    size = file.stat().st_size
     out: dict[str, TensorInfo] = {}
     for name, shape in header.tensor_shapes.items():
         type_id, offset = header.tensor_types[name], header.tensor_offsets[name]
@@ -195,24 +197,30 @@ def read_into(fd: int, info: TensorInfo, out: torch.Tensor, index: Index | None 
         pos += count
 
 
-def map_tensors(infos: Sequence[TensorInfo], dtype: torch.dtype, maps: dict[Path, mmap.mmap]) -> torch.Tensor | None:
+def map_tensors(infos: Sequence[TensorInfo], dtype: torch.dtype, map_of: Callable[[Path], mmap.mmap]
+                ) -> torch.Tensor | None:
     """A 1-D tensor over the bytes of ``infos`` through a private memory map of their file, or None unless they
     are raw tensors of ``dtype`` lying back to back in one file (then the caller copies instead).
 
-    ``maps`` caches one map per file; each tensor keeps its map alive (``torch.frombuffer``), so the map goes
-    when the last weight viewing it does.
+    ``map_of(file)`` gives the file's map (the source makes one per file, from the descriptor it holds); each
+    tensor keeps its map alive (``torch.frombuffer``), so the map goes when the last weight viewing it does.
     """
     if any(t.ggml_type is not None or t.dtype != dtype for t in infos):
         return None
-    return _map_run(infos, dtype, maps)
+    return _map_run(infos, dtype, map_of)
 
 
-def map_packed(infos: Sequence[TensorInfo], maps: dict[Path, mmap.mmap]) -> torch.Tensor | None:
+def map_packed(infos: Sequence[TensorInfo], map_of: Callable[[Path], mmap.mmap]) -> torch.Tensor | None:
     """uint8 [bytes] over GGUF quantized tensors lying back to back in one file (their blocks as stored), or
     None (then the caller reads them with :func:`read_packed`)."""
     if any(t.ggml_type is None for t in infos):
         return None
-    return _map_run(infos, torch.uint8, maps)
+    return _map_run(infos, torch.uint8, map_of)
+
+
+def private_map(fd: int) -> mmap.mmap:
+    """A private (copy-on-write) map of the whole file open as ``fd``; writes stay in the process."""
+    return mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def read_packed(fd: int, info: TensorInfo, out: torch.Tensor) -> None:
@@ -222,7 +230,8 @@ def read_packed(fd: int, info: TensorInfo, out: torch.Tensor) -> None:
     _pread(fd, info.offset, _bytes_of(out))
 
 
-def _map_run(infos: Sequence[TensorInfo], dtype: torch.dtype, maps: dict[Path, mmap.mmap]) -> torch.Tensor | None:
+def _map_run(infos: Sequence[TensorInfo], dtype: torch.dtype, map_of: Callable[[Path], mmap.mmap]
+             ) -> torch.Tensor | None:
     """The mapped bytes of tensors back to back in one file, as 1-D ``dtype``; None if they are not."""
     first, last = infos[0], infos[-1]
     if any(t.file != first.file for t in infos):
@@ -232,11 +241,7 @@ def _map_run(infos: Sequence[TensorInfo], dtype: torch.dtype, maps: dict[Path, m
     nbytes = last.offset + last.nbytes - first.offset
     if nbytes == 0:
         return None
-    m = maps.get(first.file)
-    if m is None:
-        with open(first.file, "rb") as f:
-            m = maps[first.file] = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
-                                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    m = map_of(first.file)
     start = first.offset - first.offset % mmap.PAGESIZE
     try:
         m.madvise(_MADV_POPULATE_READ, start, first.offset + nbytes - start)

@@ -2,9 +2,9 @@
 
 `gguf.GGUFReader` builds numpy views for every element of every array (≈4 s for a 49k-token vocabulary);
 this parses the header with `struct` in a fraction of that. The model config
-(:meth:`~mistral_kernels.config.ModelConfig.from_gguf_metadata`), the tokenizer and the checkpoint's tensor
-shapes all come from here; ``GGUFReader`` is only built to read tensor data. Layout (GGUF v2/v3, little
-endian)::
+(:func:`mistral_kernels.checkpoint.gguf.config_from_metadata`), the tokenizer and the checkpoint's tensor
+infos all come from one parse (:class:`mistral_kernels.checkpoint.Checkpoint` keeps it); ``GGUFReader`` is never
+built. Layout (GGUF v2/v3, little endian)::
 
     "GGUF" u32 version  u64 n_tensors  u64 n_kv
     n_kv × ( string key, u32 type, value )      string = u64 length + UTF-8 bytes
@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
-__all__ = ["GGUFHeader", "read_gguf_header", "read_gguf_metadata"]
+__all__ = ["GGUF_MAGIC", "GGUFHeader", "read_gguf_header", "read_gguf_header_fd", "read_gguf_metadata"]
+
+GGUF_MAGIC = b"GGUF"
 
 # GGUF value type -> struct format (scalars); 8 = string, 9 = array
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -140,20 +142,32 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
     """
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            return _read(f, p)
+        fd = os.open(p, os.O_RDONLY)
+    except OSError as e:
+        raise CheckpointError(f"{p}: cannot read the GGUF file: {e}") from e
+    try:
+        return read_gguf_header_fd(fd, p)
+    finally:
+        os.close(fd)
+
+
+def read_gguf_header_fd(fd: int, p: Path) -> GGUFHeader:
+    """:func:`read_gguf_header` of the file open as ``fd`` (read with ``pread``: the offset is not moved);
+    ``p`` names the file in messages."""
+    try:
+        return _read(fd, p)
     except OSError as e:
         raise CheckpointError(f"{p}: cannot read the GGUF file: {e}") from e
 
 
-def _read(f: Any, p: Path) -> GGUFHeader:
-    head = f.read(24)
-    if len(head) < 24 or head[:4] != b"GGUF":
-        raise CheckpointError(f"{p} is not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+def _read(fd: int, p: Path) -> GGUFHeader:
+    head = os.pread(fd, 24, 0)
+    if len(head) < 24 or head[:4] != GGUF_MAGIC:
+        raise CheckpointError(f"{p} is not a GGUF file (magic {head[:4]!r}, expected {GGUF_MAGIC!r})")
     version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
     if version not in (2, 3):
         raise CheckpointError(f"{p}: GGUF version {version} is not supported (need 2 or 3)")
-    file_size = os.fstat(f.fileno()).st_size
+    file_size = os.fstat(fd).st_size
     # every key/value takes ≥ 13 bytes and every tensor info ≥ 24: larger counts cannot fit in the file
     if n_kv * 13 + n_tensors * 24 > file_size:
         raise CheckpointError(f"{p}: GGUF header claims {n_kv} metadata keys and {n_tensors} tensors, more than "
@@ -161,8 +175,7 @@ def _read(f: Any, p: Path) -> GGUFHeader:
     # The header sits at the start of the file; read in growing chunks until it parses.
     size = 1 << 22
     while True:
-        f.seek(0)
-        data = f.read(size)
+        data = os.pread(fd, size, 0)
         try:
             return _parse(data, n_tensors, n_kv, p)
         except (struct.error, IndexError, UnicodeDecodeError, ValueError, OverflowError, MemoryError) as e:

@@ -3,19 +3,21 @@
 Every size a config states is bounded before anything is allocated from it (a
 ``num_hidden_layers`` of 10^8 or a ``max_position_embeddings`` of 10^9 must fail at once, not after
 minutes or gigabytes). The bounds are generous — several times the largest published models — so that
-they only reject corrupt or hostile files; the tensors then confirm the sizes (weights.py checks every
-shape the config implies against the file).
+they only reject corrupt or hostile files; the tensors then confirm the sizes (:mod:`.naming` checks every
+shape the config implies against the file). Also the helpers every format's config parser shares: token ids
+and building a :class:`~mistral_kernels.config.ModelConfig` with its consistency errors naming the file.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import CheckpointError
+from ..config import ModelConfig
+from ..errors import CheckpointError
 
-__all__ = ["LIMITS", "Fields"]
+__all__ = ["LIMITS", "Fields", "as_tuple", "build", "token_id"]
 
 # field (our name) → (smallest, largest) allowed value
 LIMITS: dict[str, tuple[float, float]] = {
@@ -76,3 +78,32 @@ class Fields:
                 or not lo < value <= hi:
             raise CheckpointError(f"{self.source}: {key}={value!r} must be a number in ({lo:g}, {hi:g}]")
         return float(value)
+
+
+def build(source: str, make: Callable[[], ModelConfig]) -> ModelConfig:
+    """``make()``, with the consistency errors of :class:`ModelConfig` (heads not dividing, top_k > experts,
+    ...) as CheckpointErrors naming ``source``."""
+    try:
+        return make()
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def token_id(value: Any, source: str) -> int | None:
+    """A token id as a config states it (None when absent); CheckpointError unless a non-negative integer."""
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise CheckpointError(f"{source}: token id {value!r} must be a non-negative integer")
+    return value
+
+
+def as_tuple(ids: Any, source: str = "config") -> tuple[int, ...]:
+    """One token id or a list of them (``eos_token_id``) as a tuple."""
+    if ids is None:
+        return ()
+    if isinstance(ids, (list, tuple)):
+        return tuple(token_id(i, source) or 0 for i in ids)
+    return (token_id(ids, source) or 0,)

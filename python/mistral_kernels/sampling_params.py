@@ -1,0 +1,153 @@
+""":class:`SamplingParams`: the one definition of a request's sampling and stopping parameters.
+
+Every surface offers every field, read from here: ``LLM.generate(prompts, params, **overrides)`` and
+``LLM.stream`` (overrides checked against the fields, :func:`sampling_params`), the ``generate`` flags
+(generated from the fields' metadata by :mod:`.dataclass_cli`), and the server's request bodies
+(:meth:`~mistral_kernels.serve.protocol.SamplingFields.to_sampling_params`). A field's meaning is written
+once, in its ``help`` metadata (the CLI's ``--help`` shows it; the class docstring lists it). The values
+are checked once, when the object is made (``__post_init__``); the engine resolves ``max_new_tokens=None``
+when it admits the request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dataclass_cli import add_fields, field_flags, values_from
+
+__all__ = ["FIELD_NAMES", "MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "sampling_params"]
+
+MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the OpenAI API allows)
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    if isinstance(default, tuple):
+        return field(default_factory=tuple, metadata={"help": help, **meta})
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling and stopping parameters (frozen; checked when made, a ValueError names the field).
+
+    Attributes
+    ----------
+    """
+
+    max_new_tokens: int | None = _f(128, "generate at most this many tokens (128); None: as many as the model's "
+                                         "context and the KV cache allow (decided by the engine at admission)")
+    temperature: float = _f(0.0, "0 = greedy (default); otherwise logits / temperature")
+    top_k: int = _f(0, "keep the k most likely tokens (0 = off)")
+    top_p: float = _f(1.0, "keep the smallest set of most likely tokens whose probability reaches top_p (1 = off)")
+    min_p: float = _f(0.0, "drop tokens with probability < min_p x the largest probability (0 = off)")
+    repetition_penalty: float = _f(1.0, "> 1 discourages tokens already in the prompt or output (HF/CTRL rule: "
+                                        "positive logits divided, negative multiplied; 1 = off)")
+    presence_penalty: float = _f(0.0, "subtracted once from the logit of every token already generated (OpenAI "
+                                      "rule, in [-2, 2]; the prompt does not count; 0 = off)")
+    frequency_penalty: float = _f(0.0, "subtracted from a token's logit once per time it was generated (OpenAI "
+                                       "rule, in [-2, 2]; 0 = off)")
+    seed: int | None = _f(None, "seeds the request's own generator (reproducible sampling); none: the engine's "
+                                "shared generator")
+    stop: tuple[str, ...] = _f((), "stop string (repeatable): generation ends when the output text contains "
+                                   "one; the text is cut before it")
+    stop_token_ids: tuple[int, ...] = _f((), "token id that ends generation besides EOS (repeatable)",
+                                         flag="--stop-token-id")
+    ignore_eos: bool = _f(False, "keep generating through EOS (benchmarks); max_new_tokens still applies")
+    logprobs: int | None = _f(None, f"k in [0, {MAX_LOGPROBS}]: return each generated token's log-probability "
+                                    "and the k most likely tokens' under the raw model distribution "
+                                    "(log_softmax of the logits, before penalties, temperature and filters; "
+                                    "see mistral_kernels.logprobs); none: off")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_history(self) -> bool:
+        """A penalty reads the tokens seen so far (``sample``'s ``seen`` / ``generated``)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def for_choice(self, i: int) -> SamplingParams:
+        """The params of the i-th prompt / choice of one call: with a seed, seed + i (distinct but reproducible
+        whatever the batching); else self."""
+        return self if self.seed is None or i == 0 else dataclasses.replace(self, seed=self.seed + i)
+
+    # ------------------------------------------------------------------ command line
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """One flag per field (``--max-new-tokens``, ..., ``--stop`` repeatable); a bad value is a parse error
+        naming the flag, with this class's message."""
+        add_fields(parser, SamplingParams, check=_check_field)
+
+    @staticmethod
+    def from_cli_args(args: argparse.Namespace) -> SamplingParams:
+        """The params of parsed flags (those of :meth:`add_cli_args`)."""
+        return SamplingParams(**values_from(SamplingParams, args))
+
+    @staticmethod
+    def cli_flags() -> dict[str, str]:
+        """Field name → its command-line flag."""
+        return field_flags(SamplingParams)
+
+
+FIELD_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+SamplingParams.__doc__ = (SamplingParams.__doc__ or "") + "".join(
+    f"    {f.name} : {f.metadata['help']}\n" for f in dataclasses.fields(SamplingParams))
+
+
+def _check_field(name: str, value: Any) -> None:
+    """One field's value checked by the class's own rules (the other fields at their defaults)."""
+    SamplingParams(**{name: value})
+
+
+def sampling_params(params: SamplingParams | None, overrides: Mapping[str, Any], caller: str) -> SamplingParams:
+    """``params`` (default: ``SamplingParams()``) with ``overrides`` replacing its fields.
+
+    Raises
+    ------
+    TypeError
+        ``params`` is not a SamplingParams, or an override is not one of its fields (the message lists them).
+    ValueError
+        An override's value is invalid (the message names the field).
+    """
+    if params is None:
+        params = SamplingParams()
+    elif not isinstance(params, SamplingParams):
+        raise TypeError(f"{caller}: params must be a SamplingParams or None, got {type(params).__name__}")
+    unknown = sorted(set(overrides) - FIELD_NAMES)
+    if unknown:
+        raise TypeError(f"{caller}: unknown sampling parameter(s) {unknown}; SamplingParams has "
+                        f"{sorted(FIELD_NAMES)}")
+    return dataclasses.replace(params, **overrides) if overrides else params
