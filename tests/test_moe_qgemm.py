@@ -30,7 +30,7 @@ from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
 from mistral_kernels.quant_formats import dequantize
 
 from .conftest import Backend
-from .quant_data import FORMATS, Q8_BLOCK, Q8_INT8_DTYPES, int8_activation_bound, random_qweight
+from .helpers.quant_data import FORMATS, Q8_BLOCK, Q8_INT8_DTYPES, int8_activation_bound, random_qweight
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (the test extra: pip install gguf)")
 

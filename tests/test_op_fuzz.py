@@ -1,6 +1,6 @@
-"""Op-level fuzz (issue 22): every raw op with wrong shapes on each dimension of each argument, other dtypes,
+"""Op-level fuzz: every raw op with wrong shapes on each dimension of each argument, other dtypes,
 None, meta tensors, non-contiguous / stride-0 layouts, written arguments aliasing inputs, extreme scalars
-(tests/op_fuzz_cases.py: the cases and the oracle). The cases run in subprocesses, many per process; a
+(tests/helpers/op_fuzz_cases.py: the cases and the oracle). The cases run in subprocesses, many per process; a
 crash or hang fails the test naming its case, and the run resumes after it so that every failure is listed.
 Seeded; ~1,000 cases per namespace in a few seconds.
 """
@@ -19,7 +19,7 @@ import torch
 
 import mistral_kernels
 
-from .op_fuzz_cases import cases
+from .helpers.op_fuzz_cases import cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def _run_all(namespace: str) -> tuple[dict[int, dict[str, str]], list[str]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     start = 0
     while start < n:
-        proc = subprocess.run([sys.executable, "-m", "tests.op_fuzz_cases", namespace, str(start), str(n)],
+        proc = subprocess.run([sys.executable, "-m", "tests.helpers.op_fuzz_cases", namespace, str(start), str(n)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         last = start - 1
         for line in proc.stdout.splitlines():
@@ -86,7 +86,7 @@ def test_wrappers_reject_placeholder_tensors_clearly(fill: str) -> None:
             f"{name}({fill}): {info.value}"
 
 
-# ---- explicit regressions of issue 22 (the fuzz above finds them too; these name them) ------------------
+# ---- explicit regressions found by the fuzz (the fuzz above finds them too; these name them) -----------
 
 
 def test_decode_rejects_q_rows_other_than_b(backend_one_schedule) -> None:
@@ -142,5 +142,5 @@ def test_rms_norm_out_may_be_x(backend_one_schedule) -> None:
     assert ops.rms_norm(x, w, out=x) is x
     torch.testing.assert_close(x, expected)
     with pytest.raises(RuntimeError, match="silu_and_mul: out is written by this op but shares memory with x"):
-        buf = torch.randn(48)  # out (contiguous) overlaps the middle of x: the partial overlap of issue 22
+        buf = torch.randn(48)  # out (contiguous) overlaps the middle of x: a partial overlap the fuzz found
         ops.silu_and_mul(buf.view(3, 16), out=buf[8:32].view(3, 8))

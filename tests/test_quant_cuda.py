@@ -23,7 +23,7 @@ from mistral_kernels.ops import reference
 from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
 
 from .conftest import Backend
-from .quant_data import Q8_INT8_DTYPES, int8_activation_bound
+from .helpers.quant_data import Q8_INT8_DTYPES, int8_activation_bound
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (the test extra: pip install gguf)")
 

@@ -94,8 +94,18 @@ def test_rotary_embedding_fused_qkv_views(backend: Backend) -> None:
 def test_rotary_embedding_empty(backend_one_schedule: Backend) -> None:
     dev = backend_one_schedule.device
     q, k = torch.empty(0, 4, 64, device=dev), torch.empty(0, 2, 64, device=dev)
-    backend_one_schedule.ops.rotary_embedding(torch.empty(0, dtype=torch.long, device=dev), q, k,
-                                              rope_cos_sin_cache(8, 64, 1e4, dev), True)
+    result = backend_one_schedule.ops.rotary_embedding(torch.empty(0, dtype=torch.long, device=dev), q, k,
+                                                       rope_cos_sin_cache(8, 64, 1e4, dev), True)
+    assert result is None  # in place, nothing to do
+    assert q.shape == (0, 4, 64) and k.shape == (0, 2, 64)
+    # and a non-empty call right after still rotates (an empty launch left no bad state behind)
+    q_ref, k_ref = torch.randn(1, 4, 64), torch.randn(1, 2, 64)
+    q1, k1 = q_ref.to(dev), k_ref.to(dev)
+    pos, cache = torch.tensor([3]), rope_cos_sin_cache(8, 64, 1e4)
+    backend_one_schedule.ops.rotary_embedding(pos.to(dev), q1, k1, cache.to(dev), True)
+    ref.rotary_embedding(pos, q_ref, k_ref, cache, True)
+    assert_close(q1, q_ref)
+    assert_close(k1, k_ref)
 
 
 def test_rotary_embedding_bad_inputs(backend_one_schedule: Backend) -> None:

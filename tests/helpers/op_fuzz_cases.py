@@ -1,4 +1,4 @@
-"""Op-level fuzz cases (issue 22): one valid call per raw op schema (csrc/registration.cpp), then single
+"""Op-level fuzz cases: one valid call per raw op schema (csrc/registration.cpp), then single
 mutations of it — a wrong size on each dimension of each tensor argument, another dtype, None, a
 non-contiguous / stride-0 layout, a written argument aliasing another one — each judged by one oracle:
 
@@ -9,7 +9,7 @@ non-contiguous / stride-0 layout, a written argument aliasing another one — ea
 Anything else fails: a crash (the cases run in a subprocess, tests/test_op_fuzz.py), an unclear exception,
 "UNKNOWN_SCALAR", or an op that accepts inputs the reference rejects (garbage output).
 
-Run as ``python -m tests.op_fuzz_cases <namespace> <first> <last>``: prints ``START i`` before and one
+Run as ``python -m tests.helpers.op_fuzz_cases <namespace> <first> <last>``: prints ``START i`` before and one
 ``RESULT i <json>`` line after each case, so a crash names its case.
 
 Shape letters: T tokens, B sequences, Hq / Hkv heads, D head_dim, N blocks, S block_size, M max_blocks,
