@@ -57,7 +57,7 @@ from roofline import StepBytes, step_bytes  # noqa: E402
 
 import mistral_kernels  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
-from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight  # noqa: E402
+from mistral_kernels.quant_weight import format_names  # noqa: E402
 
 DTYPES = dtypes("fp32", "bf16")
 METRICS = [("prompt_tok_s", "prompt tok/s"), ("decode_tok_s_b1", "decode tok/s b=1"),
@@ -72,12 +72,8 @@ def _prompt_ids(vocab: int, n: int, batch: int) -> list[list[int]]:
 def weights_label(model: object, dtype: str) -> str:
     """'dense bf16', or the packed formats of the layers and the head and the activation dtype, e.g.
     'native Q4_1, head Q8_0, bf16 act.'."""
-    def formats(w: object) -> set[str]:
-        parts = w.parts if isinstance(w, FusedWeight) else (w,)
-        return {p.format.name for p in parts if isinstance(p, QuantizedWeight)}
-
-    layers = set().union(*(formats(w) for ly in model.layers for w in vars(ly).values()))
-    head = formats(model.lm_head)
+    layers = {f for name, w in model.named_weights() if name.startswith("layers.") for f in format_names(w)}
+    head = set(format_names(model.lm_head))
     if not layers and not head:
         return f"dense {dtype}"
     return f"native {'/'.join(sorted(layers)) or dtype}, head {'/'.join(sorted(head)) or dtype}, {dtype} act."

@@ -43,7 +43,7 @@ from mistral_kernels import ops  # noqa: E402
 from mistral_kernels.config import ModelConfig  # noqa: E402
 from mistral_kernels.engine import Engine  # noqa: E402
 from mistral_kernels.model import Model  # noqa: E402
-from mistral_kernels.ops.quant import QFORMATS  # noqa: E402
+from mistral_kernels.quant_formats import QFORMATS  # noqa: E402
 from mistral_kernels.quant_weight import QuantizedWeight  # noqa: E402
 from mistral_kernels.sampling import SamplingParams  # noqa: E402
 

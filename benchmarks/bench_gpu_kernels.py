@@ -106,7 +106,7 @@ def _packed(name: str, n: int, k: int, dev: str, seed: int) -> tuple[torch.Tenso
 
 
 def quant_rows(dev: str, smoke: bool) -> list[Row]:
-    from mistral_kernels.ops.quant import QFORMATS
+    from mistral_kernels.quant_formats import QFORMATS
 
     shapes = {"q/o 4096×4096": (256, 256)} if smoke else \
         {"q/o 4096×4096": (4096, 4096), "gate/up 14336×4096": (14336, 4096), "down 4096×14336": (4096, 14336)}

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT.parent))
 from common import bench_parser, markdown_table  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
-from mistral_kernels.ops.quant import QFORMATS  # noqa: E402
+from mistral_kernels.quant_formats import QFORMATS  # noqa: E402
 from tests.helpers.quant_data import random_qweight  # noqa: E402
 
 # (model, projection) → (N, K)

@@ -2,10 +2,11 @@
 
 Shape letters: L layers, E experts (k of them active per token), V vocab, H hidden.
 
-The rule for weights is :func:`mistral_kernels.stats.weight_bytes` (the stats line's): every matrix once, the
-input embedding table only by rows (not counted), packed (quantized) matrices by their packed bytes. Here
-it is split into the decoder layers and the head (final norm + LM head), and a MoE layer counts only the k of
-E experts one token goes through (batch 1). The KV cache adds ``kv_bytes_per_token × context`` (the keys and
+The weights are the model's :meth:`~mistral_kernels.model.Model.step_weights` counted by
+:func:`mistral_kernels.quant_weight.weight_bytes` (the stats line's rule): every matrix once, the input
+embedding table only by rows (not counted), packed (quantized) matrices by their packed bytes. Here it is
+split into the decoder layers and the head (final norm + LM head), and a MoE layer counts only the k of E
+experts one token goes through (batch 1). The KV cache adds ``kv_bytes_per_token × context`` (the keys and
 values every layer reads, at most a sliding window of them). Roofline tok/s at batch 1 = copy bandwidth /
 (layers + head + KV bytes).
 
@@ -16,10 +17,9 @@ natively packed: Q4_1 layers (0.625 bytes / weight) + the Q8_0 head (1.0625 byte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-from mistral_kernels.stats import weight_bytes
+from mistral_kernels.quant_weight import weight_bytes
 
 __all__ = ["StepBytes", "batch_step_bytes", "expected_experts", "step_bytes"]
 
@@ -43,16 +43,32 @@ class StepBytes:
         return self.layers + self.head
 
 
-def _layer_bytes(layer: Any, top_k: int, num_experts: int, batch: int = 1) -> int:
-    """One layer's weight bytes, its expert stacks [E, ..] scaled to the experts ``batch`` tokens use (k of E
-    for one token; :func:`expected_experts` for more)."""
-    total = weight_bytes(SimpleNamespace(layers=[layer]))
-    if not num_experts:
-        return total
-    experts = weight_bytes(SimpleNamespace(layers=[SimpleNamespace(**{n: getattr(layer, n) for n in _EXPERTS})]))
-    if batch == 1:
-        return total - experts + experts * top_k // num_experts
-    return total - experts + round(experts * expected_experts(num_experts, top_k, batch) / num_experts)
+def _split(model: Any) -> tuple[dict[str, list[Any]], dict[str, list[Any]], list[Any]]:
+    """``model.step_weights()`` by where they sit: per layer its dense weights, per layer its expert stacks
+    (MoE), and the head (final norm + LM head)."""
+    layers: dict[str, list[Any]] = {}
+    experts: dict[str, list[Any]] = {}
+    head: list[Any] = []
+    for name, w in model.step_weights():
+        if not name.startswith("layers."):
+            head.append(w)
+            continue
+        prefix, leaf = name.rsplit(".", 1)
+        (experts if model.config.is_moe and leaf in _EXPERTS else layers).setdefault(prefix, []).append(w)
+    return layers, experts, head
+
+
+def _layers_bytes(model: Any, batch: int = 1) -> int:
+    """The decoder layers' weight bytes, expert stacks [E, ..] scaled to the experts ``batch`` tokens use (k of
+    E for one token; :func:`expected_experts` for more)."""
+    c = model.config
+    layers, experts, _ = _split(model)
+    total = sum(weight_bytes(ws) for ws in layers.values())
+    for ws in experts.values():
+        e = weight_bytes(ws)
+        total += e * c.top_k // c.num_experts if batch == 1 else \
+            round(e * expected_experts(c.num_experts, c.top_k, batch) / c.num_experts)
+    return total
 
 
 def expected_experts(num_experts: int, top_k: int, batch: int) -> float:
@@ -65,20 +81,14 @@ def step_bytes(model: Any, context: float) -> StepBytes:
     """The bytes of one batch-1 decode step of ``model`` (a :class:`mistral_kernels.model.Model`) attending
     to ``context`` keys (mean over the steps measured)."""
     c = model.config
-    experts = c.num_experts if c.is_moe else 0
-    layers = sum(_layer_bytes(ly, c.top_k, experts) for ly in model.layers)
-    head = weight_bytes(SimpleNamespace(norm=model.norm, lm_head=model.lm_head))
     keys = min(context, c.sliding_window) if c.sliding_window else context
     kv = round(keys * c.kv_bytes_per_token(model.dtype))
-    return StepBytes(layers=layers, head=head, kv=kv)
+    return StepBytes(layers=_layers_bytes(model), head=weight_bytes(_split(model)[2]), kv=kv)
 
 
 def batch_step_bytes(model: Any, context: float, batch: int) -> StepBytes:
     """The bytes of one decode step of ``batch`` sequences, each at ``context`` keys: the weights once (a MoE
     layer: the experts the batch is expected to touch) + every sequence's KV. Roofline tok/s = batch ·
     bandwidth / total."""
-    c = model.config
-    experts = c.num_experts if c.is_moe else 0
     one = step_bytes(model, context)
-    layers = sum(_layer_bytes(ly, c.top_k, experts, batch) for ly in model.layers)
-    return StepBytes(layers=layers, head=one.head, kv=one.kv * batch)
+    return StepBytes(layers=_layers_bytes(model, batch), head=one.head, kv=one.kv * batch)

@@ -1,5 +1,6 @@
-"""The package's import graph: no cycles (module-level and function-level imports alike), and the decoder does
-not know about parallelism.
+"""The package's import graph: no cycles (module-level and function-level imports alike), no import that runs
+back up (the format table at the bottom; the kernel wrappers below the weights and the loader), and the
+decoder does not know about parallelism.
 
 The graph is read from the source with ``ast`` (no import runs), so a cycle hidden behind a lazy import in a
 function body is found too. ``from .x import y`` is an edge to ``x`` and, when ``x.y`` is a module, to
@@ -95,6 +96,54 @@ def test_no_import_cycles() -> None:
     assert cycle is None, "import cycle: " + " → ".join(cycle)
 
 
+# The layers, bottom up. quant_formats: the block-format table (MK_QTYPES), importing nothing of the package.
+# ops: the kernel wrappers, which import only each other, the compiled library and the table. The weights and
+# the loader (the weight types, reading and packing checkpoints) import the table, never ops: a packed weight
+# is handed the op namespace when it multiplies (``w.linear(x, kernels)``).
+BOTTOM = "mistral_kernels.quant_formats"
+OPS = "mistral_kernels.ops"
+OPS_MAY_IMPORT = {"mistral_kernels._library", BOTTOM}
+LOADER = {"mistral_kernels.quant_weight", "mistral_kernels.packed_moe", "mistral_kernels.config"}
+LOADER_PACKAGE = "mistral_kernels.checkpoint"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The imports that run back up, by the rules above."""
+    found = [f"{BOTTOM} imports {m}" for m in sorted(graph.get(BOTTOM, set()))]
+    for name in sorted(m for m in graph if _in(m, OPS)):
+        found += [f"{name} imports {m}" for m in sorted(graph[name])
+                  if not _in(m, OPS) and m not in OPS_MAY_IMPORT]
+    for name in sorted(m for m in graph if m in LOADER or _in(m, LOADER_PACKAGE)):
+        found += [f"{name} reaches {m}" for m in sorted(_reachable(graph, name)) if _in(m, OPS)]
+    return found
+
+
+def test_no_import_runs_back_up() -> None:
+    graph = _graph()
+    assert BOTTOM in graph and "mistral_kernels.quant_weight" in graph and "mistral_kernels.ops.matmul" in graph
+    assert BOTTOM in graph["mistral_kernels.quant_weight"] and BOTTOM in graph["mistral_kernels.ops.reference"]
+    assert upward_imports(graph) == []
+
+
+def test_upward_imports_are_reported() -> None:
+    graph = _graph()
+    planted = {**graph, BOTTOM: {"mistral_kernels.config"}}
+    assert upward_imports(planted) == [f"{BOTTOM} imports mistral_kernels.config"]
+    planted = {**graph, "mistral_kernels.ops.matmul": graph["mistral_kernels.ops.matmul"] | {
+        "mistral_kernels.quant_weight"}}
+    assert upward_imports(planted) == ["mistral_kernels.ops.matmul imports mistral_kernels.quant_weight"]
+    # the loader's table taken from the ops package: found where it is imported and wherever it is reached from
+    planted = {**graph, "mistral_kernels.packed_moe": {"mistral_kernels.ops.quant"}}
+    found = upward_imports(planted)
+    assert "mistral_kernels.packed_moe reaches mistral_kernels.ops.quant" in found
+    assert "mistral_kernels.checkpoint.packing reaches mistral_kernels.ops.quant" in found  # via quant_weight
+    assert upward_imports(graph) == []
+
+
 def test_model_does_not_import_parallel() -> None:
     graph = _graph()
     for module in ("mistral_kernels.model", "mistral_kernels.batch", "mistral_kernels.config",
@@ -103,7 +152,7 @@ def test_model_does_not_import_parallel() -> None:
 
 
 # What the checkpoint package builds on: the config, errors, the packed-weight types and the block-format table
-# (ops.quant); never the model, the engine, the server or the API that load checkpoints.
+# (quant_formats); never the model, the engine, the server or the API that load checkpoints.
 _ABOVE_CHECKPOINT = ("model", "loading", "parallel", "engine", "runner", "scheduler", "batch", "cache", "sampling",
                      "output", "serve", "llm", "cli", "tokenization", "tokenizer")
 

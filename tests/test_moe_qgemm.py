@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from mistral_kernels.ops import reference
-from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
-from mistral_kernels.ops.reference import dequantize
+from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
+from mistral_kernels.quant_formats import dequantize
 
 from .conftest import Backend
 from .helpers.quant_data import FORMATS, Q8_BLOCK, Q8_INT8_DTYPES, int8_activation_bound, random_qweight

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from mistral_kernels.ops import reference
-from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
+from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
 
 from .conftest import Backend
 from .helpers.quant_data import Q8_INT8_DTYPES, int8_activation_bound

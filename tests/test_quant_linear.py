@@ -26,8 +26,8 @@ import torch
 
 
 from mistral_kernels import ops, reference
-from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
-from mistral_kernels.ops.reference import dequantize
+from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
+from mistral_kernels.quant_formats import dequantize
 
 from .helpers.quant_data import FORMATS, random_qweight
 

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from mistral_kernels import load_model, ops
+from mistral_kernels import load_model, ops, reference
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
-from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, quantize_int8
 from mistral_kernels.checkpoint import Checkpoint, CheckpointError, QuantizedFallbackWarning, load_checkpoint
+from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, format_names, quantize_int8, weight_bytes
+from mistral_kernels.stats import weight_bytes as step_weight_bytes
 
 from .helpers.model_helpers import greedy_ours
 from .helpers.random_checkpoints import write_random_checkpoint
@@ -42,12 +43,7 @@ IDS = torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(3))
 
 def _formats(model: Model) -> set[str]:
     """The packed formats of the model's matrices (empty when everything is dense)."""
-    found = set()
-    for layer in model.layers:
-        for w in vars(layer).values():
-            parts = w.parts if isinstance(w, FusedWeight) else (w,)
-            found |= {p.format.name for p in parts if isinstance(p, QuantizedWeight)}
-    return found
+    return {f for name, w in model.named_weights() if name.startswith("layers.") for f in format_names(w)}
 
 
 def _check_native_matches_dequantized(path: Path) -> Model:
@@ -222,3 +218,46 @@ def test_footprint_is_what_loads(tmp_path: Path, kw: dict[str, object]) -> None:
     loaded = sum(w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes for w in weights.values())
     with Checkpoint.open(path) as ckpt:
         assert ckpt.footprint(torch.float32, **kw).bytes == loaded
+    model = Model(*load_checkpoint(path, dtype=torch.float32, **kw))
+    names = [name for name, _ in model.named_weights()]
+    assert len(names) == len(set(names)) == len(weights)  # every weight once (the tied head is the embedding)
+    assert weight_bytes(w for _, w in model.named_weights()) == loaded
+    # a decode step reads the embedding by rows only, unless it is the (tied, dense) head as well
+    embed = 0 if "lm_head" not in weights else weights["embed"].numel() * weights["embed"].element_size()
+    assert step_weight_bytes(model) == loaded - embed
+
+
+class _CountingKernels:
+    """An op namespace that counts the calls it forwards to ``inner``."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner, self.calls = inner, {}
+
+    def __getattr__(self, name: str) -> object:
+        fn = getattr(self.inner, name)
+
+        def counted(*args: object, **kwargs: object) -> object:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if name == "linear" and not isinstance(args[1], torch.Tensor):
+                self.calls["linear on packed"] = self.calls.get("linear on packed", 0) + 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("config", [LLAMA, MIXTRAL], ids=["dense-ffn", "moe"])
+def test_matmuls_go_through_the_model_kernels(tmp_path: Path, config: ModelConfig) -> None:
+    """Every matmul of the per-op model is a call of its kernel namespace — packed weights included (their own
+    qlinear, inside the namespace's linear); packed experts run their block inside the namespace's fused_moe —
+    so the reference namespace computes the whole model."""
+    path = tmp_path / "q4km.gguf"
+    write_quant_gguf(path, config, Q4_K_M)
+    cfg, weights = load_checkpoint(path, dtype=torch.float32)
+    spy = _CountingKernels(ops)
+    got = Model(cfg, weights, kernels=spy).logits(IDS)  # type: ignore[arg-type]
+    matmuls = (2 if cfg.is_moe else 4) * cfg.n_layers + 1  # qkv, wo (, w13, w2) per layer; the head
+    assert spy.calls["linear"] == matmuls
+    assert spy.calls["linear on packed"] == matmuls  # Q4_K_M: every matrix packed, the head too
+    assert spy.calls.get("fused_moe", 0) == (cfg.n_layers if cfg.is_moe else 0)
+    want = Model(cfg, weights, kernels=reference).logits(IDS)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)

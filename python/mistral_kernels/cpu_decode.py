@@ -24,9 +24,8 @@ import torch
 from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
-from .ops.decode import LayerMatrices, decode_layers_prepared
+from .ops.decode import LayerMatrices, PackedMatrix, decode_layers_prepared
 from .ops.matmul import SKINNY_MAX_M
-from .quant_weight import FusedWeight, PackedWeight, QuantizedWeight
 
 class DenseLayer(Protocol):
     """What the fused step reads of a :class:`mistral_kernels.model.DecoderLayer` (dense FFN)."""
@@ -34,11 +33,11 @@ class DenseLayer(Protocol):
     config: ModelConfig
     window: int | None
     attn_norm: torch.Tensor
-    qkv: torch.Tensor | PackedWeight
-    wo: torch.Tensor | PackedWeight
+    qkv: torch.Tensor | PackedMatrix
+    wo: torch.Tensor | PackedMatrix
     ffn_norm: torch.Tensor
-    w13: torch.Tensor | PackedWeight
-    w2: torch.Tensor | PackedWeight
+    w13: torch.Tensor | PackedMatrix
+    w2: torch.Tensor | PackedMatrix
 
 
 __all__ = ["FusedCpuDecode"]
@@ -53,10 +52,12 @@ def _plain(t: object, dtype: torch.dtype) -> bool:
 
 
 def _packed_cpu(w: object) -> bool:
-    """A packed matrix [N, K] on the CPU with contiguous blocks (and scales): what the op's GEMV reads."""
-    parts = w.parts if isinstance(w, FusedWeight) else (w,)
-    return all(isinstance(p, QuantizedWeight) and len(p.shape) == 2 and p.device.type == "cpu"
-               and p.qweight.is_contiguous() and (p.scales is None or p.scales.is_contiguous()) for p in parts)
+    """A packed matrix [N, K] (not a tensor: its row groups) on the CPU with contiguous blocks (and scales):
+    what the op's GEMV reads."""
+    if isinstance(w, torch.Tensor) or not hasattr(w, "row_groups"):
+        return False
+    return all(len(g.shape) == 2 and g.qweight.device.type == "cpu" and g.qweight.is_contiguous()
+               and (g.scales is None or g.scales.is_contiguous()) for g in w.row_groups())
 
 
 class FusedCpuDecode:
@@ -77,7 +78,7 @@ class FusedCpuDecode:
         """The fused path for these layers, or None when they need the per-op path: not the native CPU
         kernels, MoE, layers of another config (tensor-parallel shards; the model also passes only its own
         DecoderLayer class), a norm that is not a plain dense contiguous CPU tensor of the model's dtype (fp32 /
-        bf16), or a matrix that is neither that nor packed on the CPU (QuantizedWeight / FusedWeight)."""
+        bf16), or a matrix that is neither that nor packed on the CPU (:class:`~mistral_kernels.ops.decode.PackedMatrix`)."""
         if kernels is not ops or device.type != "cpu" or dtype not in _DTYPES or config.is_moe or not layers:
             return None
         if any(ly.config is not config for ly in layers):

@@ -13,6 +13,7 @@ import os
 import torch
 
 from .config import ModelConfig
+from .quant_formats import weight_nbytes
 
 __all__ = ["MemoryWarning", "available_memory", "check_kv_pool", "memory_warning", "total_memory"]
 
@@ -44,11 +45,12 @@ def memory_warning(config: ModelConfig, dtype: torch.dtype, device: torch.device
     """A message when weights + a KV cache of ``kv_tokens`` tokens in ``dtype`` exceed ``available`` bytes
     (default: :func:`available_memory`), else None. The message gives the numbers and what to change.
     ``weight_bytes``: the weights' size when known (packed formats,
-    :func:`mistral_kernels.checkpoint.footprint.weight_footprint`); default parameters × dtype size."""
+    :func:`mistral_kernels.checkpoint.footprint.weight_footprint`); default every parameter dense in ``dtype``
+    (:func:`mistral_kernels.quant_formats.weight_nbytes`)."""
     available = available_memory(device) if available is None else available
     if available is None:
         return None
-    weights = config.num_parameters() * dtype.itemsize if weight_bytes is None else weight_bytes
+    weights = weight_nbytes((config.num_parameters(),), dtype) if weight_bytes is None else weight_bytes
     kv = kv_tokens * config.kv_bytes_per_token(dtype)
     if weights + kv <= available:
         return None

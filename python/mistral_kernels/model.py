@@ -24,7 +24,7 @@ parallelism builds its layers from outside this module (:mod:`mistral_kernels.pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -35,8 +35,7 @@ from . import ops
 from .batch import AttentionBatch
 from .config import ModelConfig
 from .cpu_decode import FusedCpuDecode
-from .packed_moe import packed_moe
-from .quant_weight import PackedWeight, QuantizedWeight
+from .quant_weight import Weight
 from .rope_scaling import RopeTable
 
 __all__ = ["DecoderLayer", "KVCache", "Model", "fp32_logits"]
@@ -99,9 +98,16 @@ class KVCache:
 
 
 class DecoderLayer:
-    """RMSNorm → attention → fused add + RMSNorm → SwiGLU / MoE FFN, weights from the fused checkpoint."""
+    """RMSNorm → attention → fused add + RMSNorm → SwiGLU / MoE FFN, weights from the fused checkpoint.
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight], index: int,
+    Every matmul is ``kernels.linear`` (or ``kernels.fused_moe``) on a dense tensor or a packed weight, which
+    runs its own quantized kernels; the layer never asks which.
+    """
+
+    WEIGHTS = ("attn_norm", "qkv", "wo", "ffn_norm", "w13", "w2")          # dense FFN
+    MOE_WEIGHTS = ("attn_norm", "qkv", "wo", "ffn_norm", "gate", "w1", "w3", "w2")
+
+    def __init__(self, config: ModelConfig, weights: dict[str, Weight], index: int,
                  kernels: ModuleType) -> None:
         p = f"layers.{index}."
         self.config = config
@@ -120,12 +126,17 @@ class DecoderLayer:
             self.w13 = weights[p + "w13"]          # [2I, H]: gate rows then up rows
             self.w2 = weights[p + "w2"]            # [H, I]
 
+    def named_weights(self) -> Iterator[tuple[str, Weight]]:
+        """(name, weight) of this layer's weights, dense and packed, in checkpoint order (``qkv``, ``w1``, ...)."""
+        for name in self.MOE_WEIGHTS if self.config.is_moe else self.WEIGHTS:
+            yield name, getattr(self, name)
+
     def attention(self, x: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
                   k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """x [T, H] (normed) → attention output projected back to [T, H]; writes k, v into the cache."""
         c = self.config
         t = x.shape[0]
-        qkv = ops.linear(x, self.qkv)                                            # [T, (Hq+2Hkv)·D]
+        qkv = self.kernels.linear(x, self.qkv)                                   # [T, (Hq+2Hkv)·D]
         q, k, v = qkv.split([c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim], -1)
         q = q.view(t, c.n_heads, c.head_dim)                                   # [T, Hq, D] (token-strided views)
         k = k.view(t, c.n_kv_heads, c.head_dim)                                # [T, Hkv, D]
@@ -147,16 +158,15 @@ class DecoderLayer:
         else:
             out = self.kernels.paged_prefill_attention(q, k_cache, v_cache, batch.block_tables,
                                                        batch.cu_seqlens_q, batch.seq_lens, scale, self.window)
-        return ops.linear(out.view(t, c.n_heads * c.head_dim), self.wo)          # [T, H]
+        return self.kernels.linear(out.view(t, c.n_heads * c.head_dim), self.wo)  # [T, H]
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] (normed) → [T, H]: SwiGLU, or Mixtral's sparse MoE block."""
-        if self.config.is_moe:
-            if isinstance(self.w1, QuantizedWeight):  # packed experts: grouped quantized GEMMs (moe_qgemm)
-                return packed_moe(self.kernels, x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
-            return self.kernels.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
-        gate_up = ops.linear(x, self.w13)                                       # [T, 2I]
-        return ops.linear(self.kernels.silu_and_mul(gate_up), self.w2)          # [T, I] → [T, H]
+        k = self.kernels
+        if self.config.is_moe:  # packed expert stacks run their own block (grouped quantized GEMMs, moe_qgemm)
+            return k.fused_moe(x, self.gate, self.w1, self.w2, self.w3, self.config.top_k, True)
+        gate_up = k.linear(x, self.w13)                                         # [T, 2I]
+        return k.linear(k.silu_and_mul(gate_up), self.w2)                      # [T, I] → [T, H]
 
 
 class Model:
@@ -168,11 +178,11 @@ class Model:
     weights : fused weights, all of one dtype and device (from
         :func:`~mistral_kernels.checkpoint.base.load_checkpoint`);
         the matrices may be packed (:mod:`mistral_kernels.quant_weight`: GGUF blocks or int8 rows, on the same
-        device), which ``ops.linear`` and the MoE block dispatch on; a tied model with a packed embedding
+        device), which run their own matmuls with the ops of ``kernels``; a tied model with a packed embedding
         passes its packed head as ``lm_head`` (the embedding itself is dense)
-    kernels : the op namespace the decoder calls — :mod:`mistral_kernels.ops` (default), or
-        :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests). Matmuls
-        always use :func:`mistral_kernels.ops.linear`.
+    kernels : the op namespace the decoder calls, matmuls included — :mod:`mistral_kernels.ops` (default),
+        :mod:`mistral_kernels.emulated` to run the CUDA kernels under the SIMT emulator (tests), or
+        :mod:`mistral_kernels.reference` (plain PyTorch).
     layers : prebuilt decoder layers, one per ``config.n_layers`` (e.g. one tensor-parallel rank's,
         :class:`mistral_kernels.parallel.ShardedModel`); None builds :class:`DecoderLayer` from ``weights``.
         The KV cache is shaped by the config the layers compute with (:attr:`layer_config`).
@@ -184,7 +194,7 @@ class Model:
     cpu_decode : the fused CPU decode path, or None (per-op layers for every step)
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor | PackedWeight],
+    def __init__(self, config: ModelConfig, weights: dict[str, Weight],
                  kernels: ModuleType = ops, *,
                  layers: Sequence[DecoderLayer] | None = None, fused_cpu_decode: bool = True) -> None:
         self.config = config
@@ -246,7 +256,7 @@ class Model:
         self.kernels.fused_add_rms_norm(x, residual, self.norm, eps)
         if batch.logits_indices is not None:
             x = x[batch.logits_indices]                                        # [N, H]
-        return fp32_logits(ops.linear(x, self.lm_head))                           # [N, V]
+        return fp32_logits(self.kernels.linear(x, self.lm_head))                # [N, V]
 
     def _layers(self, x: torch.Tensor, residual: torch.Tensor, batch: AttentionBatch, cos_sin: torch.Tensor,
                 cache: KVCache) -> torch.Tensor:
@@ -269,6 +279,25 @@ class Model:
         cache = self.new_cache(num_blocks, block_size)
         batch = AttentionBatch.build([list(range(num_blocks))], [0], [t], block_size, self.device)
         return self.forward(token_ids.to(self.device), batch, cache)
+
+    def named_weights(self) -> Iterator[tuple[str, Weight]]:
+        """Every weight of the model once, dense and packed, by its fused-checkpoint name: ``embed``, then
+        ``layers.{i}.{name}`` (:meth:`DecoderLayer.named_weights`), ``norm``, and ``lm_head`` unless it is the
+        embedding itself (a tied head)."""
+        yield "embed", self.embed
+        for i, layer in enumerate(self.layers):
+            for name, w in layer.named_weights():
+                yield f"layers.{i}.{name}", w
+        yield "norm", self.norm
+        if self.lm_head is not self.embed:
+            yield "lm_head", self.lm_head
+
+    def step_weights(self) -> Iterator[tuple[str, Weight]]:
+        """The weights one decode step reads whole: :meth:`named_weights` without the input embedding, which
+        is read only by rows — unless it is the (tied) head too."""
+        for name, w in self.named_weights():
+            if name != "embed" or self.lm_head is self.embed:
+                yield name, w
 
     def num_parameters(self, active_only: bool = False) -> int:
         """Parameter count (see :meth:`ModelConfig.num_parameters`; ``active_only``: k of E experts)."""

@@ -2,7 +2,8 @@
 (``moe_qgemm``) → weighted unpermute.
 
 The experts' weights are :class:`~mistral_kernels.quant_weight.QuantizedWeight` stacks [E, I, H] / [E, H, I]
-(GGUF ``ffn_*_exps`` blocks, or INT8_ROWWISE from ``quantize="int8"``). ``moe_qgemm`` runs every expert in one
+(GGUF ``ffn_*_exps`` blocks, or INT8_ROWWISE from ``quantize="int8"``), which run their own grouped GEMMs
+(``expert_linear`` / ``expert_swiglu``); this module knows them only by those methods. ``moe_qgemm`` runs every expert in one
 call, its blocks (CUDA) or tasks (CPU) mapped to the expert segments from the offsets where they live: no
 per-expert Python loop and no host sync, so such a model decodes with CUDA graphs like a dense one. w1 | w3 is
 one call with the SwiGLU fused when both are in the same format (a GGUF's ``ffn_gate_exps`` and
@@ -16,32 +17,32 @@ Shape letters: T tokens, H hidden, I intermediate (per expert), E experts, k top
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any, Protocol
 
 import torch
 
-from . import ops
-from .quant_weight import QuantizedWeight
-
-__all__ = ["packed_moe"]
+__all__ = ["PackedExperts", "packed_moe"]
 
 
-def packed_moe(kernels: ModuleType, x: torch.Tensor, gate: torch.Tensor, w1: QuantizedWeight, w2: QuantizedWeight,
-               w3: QuantizedWeight, top_k: int, renormalize: bool = True) -> torch.Tensor:
+class PackedExperts(Protocol):
+    """What the block asks of a packed expert stack (:class:`~mistral_kernels.quant_weight.QuantizedWeight`)."""
+
+    def expert_linear(self, x: torch.Tensor, offsets: torch.Tensor, kernels: Any) -> torch.Tensor: ...
+
+    def expert_swiglu(self, up: Any, x: torch.Tensor, offsets: torch.Tensor, kernels: Any) -> torch.Tensor: ...
+
+
+def packed_moe(kernels: Any, x: torch.Tensor, gate: torch.Tensor, w1: PackedExperts, w2: PackedExperts,
+               w3: PackedExperts, top_k: int, renormalize: bool = True) -> torch.Tensor:
     """x [T, H] → [T, H]: ``Σ_j w[t, j] · w2[e]·(silu(w1[e]·x[t]) * w3[e]·x[t])`` over the top-k experts e.
 
     gate : dense router weight [E, H]; w1, w3 : packed [E, I, H]; w2 : packed [E, H, I].
-    ``kernels`` is the op namespace of the router / permute / expert / activation ops (ops or emulated).
+    ``kernels`` is the op namespace of every call here (ops, emulated or reference), the router's matmul included.
     """
     num_experts = gate.shape[0]
-    logits = ops.linear(x, gate)                                                  # [T, E]
+    logits = kernels.linear(x, gate)                                              # [T, E]
     topk_weights, topk_ids = kernels.topk_softmax(logits, top_k, renormalize)      # [T, k]
     permuted, offsets, inv_perm = kernels.moe_permute(x, topk_ids, num_experts)    # [M, H], [E+1], [T, k]
-    if w1.qtype == w3.qtype:                                                       # gate | up, SwiGLU fused
-        act = kernels.moe_qgemm(permuted, offsets, w1.qweight, w1.qtype, w1.scales, w3.qweight, w3.scales)
-    else:
-        gate_up = torch.cat([kernels.moe_qgemm(permuted, offsets, w.qweight, w.qtype, w.scales) for w in (w1, w3)],
-                            dim=-1)                                                # [M, 2I]
-        act = kernels.silu_and_mul(gate_up)                                        # [M, I]
-    expert_out = kernels.moe_qgemm(act, offsets, w2.qweight, w2.qtype, w2.scales)  # [M, H]
+    act = w1.expert_swiglu(w3, permuted, offsets, kernels)                         # [M, I]
+    expert_out = w2.expert_linear(act, offsets, kernels)                           # [M, H]
     return kernels.moe_unpermute(expert_out, topk_weights, inv_perm)

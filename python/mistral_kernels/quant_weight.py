@@ -1,26 +1,37 @@
-"""Packed (quantized) weights of a model: what a linear layer holds instead of a dense tensor.
+"""Packed (quantized) weights of a model: what a linear layer holds instead of a dense tensor, and their matmuls.
 
 :class:`QuantizedWeight` is one matrix [N, K] (or a stack of experts [E, N, K]) in one format of
-:data:`mistral_kernels.ops.quant.QFORMATS`: GGUF blocks kept as the file stores them (uint8 [.., N, R], R =
+:data:`mistral_kernels.quant_formats.QFORMATS`: GGUF blocks kept as the file stores them (uint8 [.., N, R], R =
 K / QK · bytes per block; memory-mapped where possible) or INT8_ROWWISE (int8 [.., N, K] and fp32 scales
 [.., N], made at load by :func:`quantize_int8`). :class:`FusedWeight` joins row groups of different formats
 (a Q4_K_M file stores wq, wk in Q4_K and wv in Q6_K: the fused qkv is two groups, one qlinear each, outputs
-concatenated). :func:`mistral_kernels.ops.linear` dispatches on both to ``ops.qlinear`` (this module holds
-data only, so that ops can import it).
+concatenated).
 
-Shape letters: M rows (tokens), N out features, K in features, R packed row bytes, E experts.
+A packed weight owns its matmul: ``w.linear(x, kernels)`` (``kernels``: the op namespace, anything with
+``qlinear``: ``ops``' quantized family, :mod:`mistral_kernels.emulated`, :mod:`mistral_kernels.reference`), an
+expert stack its MoE block (``w1.fused_moe(kernels, ...)``, :mod:`mistral_kernels.packed_moe`); the fused CPU
+decode step reads its row groups (``w.row_groups()``). The ops take a dense tensor or "a weight with these
+methods" and never ask which packed type it is; this module is the only one that knows the types
+(tests/test_weight_types.py). :func:`weight_bytes` counts the bytes of dense and packed weights alike.
+
+Shape letters: M rows (tokens), N out features, K in features, R packed row bytes, E experts, T tokens,
+H hidden.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .ops.quant import INT8_ROWWISE, QFORMAT_BY_CODE, QFormat
+from .packed_moe import packed_moe
+from .quant_formats import INT8_ROWWISE, QFORMAT_BY_CODE, QFormat, dequantize, weight_nbytes
 
-__all__ = ["FusedWeight", "PackedWeight", "QuantizedWeight", "quantize_int8"]
+__all__ = ["FusedWeight", "PackedWeight", "QuantizedWeight", "Weight", "format_names", "quantize_int8",
+           "weight_bytes"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +39,7 @@ class QuantizedWeight:
     """A quantized matrix W [N, K] (``shape`` (N, K)) or expert stack [E, N, K] (``shape`` (E, N, K)).
 
     qweight : GGUF formats: uint8 [.., N, R]; INT8_ROWWISE: int8 [.., N, K]
-    qtype : the format's code (:data:`~mistral_kernels.ops.quant.QFORMATS`)
+    qtype : the format's code (:data:`~mistral_kernels.quant_formats.QFORMATS`)
     scales : INT8_ROWWISE only: fp32 [.., N], W[n, k] = qweight[n, k] · scales[n]
     """
 
@@ -61,8 +72,39 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Packed bytes (blocks, plus the scales of INT8_ROWWISE)."""
-        scales = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
-        return self.qweight.numel() * self.qweight.element_size() + scales
+        return weight_nbytes(self.shape, self.format)
+
+    def data_ptr(self) -> int:
+        """Address of the blocks (as ``Tensor.data_ptr``): two weights with the same one hold the same bytes."""
+        return self.qweight.data_ptr()
+
+    def row_groups(self) -> tuple[QuantizedWeight, ...]:
+        """The row groups of one format each, in row order: this weight itself."""
+        return (self,)
+
+    def linear(self, x: torch.Tensor, kernels: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T``: x [..., K] → [..., N] by ``kernels.qlinear`` (fp32 accumulation, x's dtype)."""
+        if len(self.shape) != 2:
+            raise ValueError(f"linear: weight must be a matrix [N, K], got an expert stack {list(self.shape)}")
+        return kernels.qlinear(x, self.qweight, self.qtype, self.scales, out=out)
+
+    def expert_linear(self, x: torch.Tensor, offsets: torch.Tensor, kernels: Any) -> torch.Tensor:
+        """This expert stack W [E, N, K] on rows grouped by expert: x [M, K] → [M, N] (``kernels.moe_qgemm``)."""
+        return kernels.moe_qgemm(x, offsets, self.qweight, self.qtype, self.scales)
+
+    def expert_swiglu(self, up: QuantizedWeight, x: torch.Tensor, offsets: torch.Tensor, kernels: Any) -> torch.Tensor:
+        """``silu(x·Wᵀ) * (x·Upᵀ)`` per expert segment, x [M, K] → [M, N]: one fused ``moe_qgemm`` when both
+        stacks share a format, else two calls and ``silu_and_mul`` (the same roundings)."""
+        if up.qtype == self.qtype:
+            return kernels.moe_qgemm(x, offsets, self.qweight, self.qtype, self.scales, up.qweight, up.scales)
+        gate_up = torch.cat([self.expert_linear(x, offsets, kernels), up.expert_linear(x, offsets, kernels)], dim=-1)
+        return kernels.silu_and_mul(gate_up)                                       # [M, 2N] → [M, N]
+
+    def fused_moe(self, kernels: Any, x: torch.Tensor, gate: torch.Tensor, w2: QuantizedWeight, w3: QuantizedWeight,
+                  top_k: int, renormalize: bool = True) -> torch.Tensor:
+        """Mixtral's MoE block with this stack as w1 [E, I, H] (x [T, H] → [T, H]; see
+        :func:`~mistral_kernels.packed_moe.packed_moe`)."""
+        return packed_moe(kernels, x, gate, self, w2, w3, top_k, renormalize)
 
     @property
     def numel(self) -> int:
@@ -84,8 +126,6 @@ class QuantizedWeight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight [.., N, K] in ``dtype`` (GGUF formats decoded by the ``gguf`` package)."""
-        from .ops.reference import dequantize
-
         if len(self.shape) == 3:
             return torch.stack([self[e].dequantize(dtype) for e in range(self.shape[0])])
         return dequantize(self.qweight, self.qtype, self.scales).to(device=self.device, dtype=dtype)
@@ -114,6 +154,18 @@ class FusedWeight:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    def data_ptr(self) -> int:
+        return self.parts[0].data_ptr()
+
+    def row_groups(self) -> tuple[QuantizedWeight, ...]:
+        """The row groups of one format each, in row order."""
+        return self.parts
+
+    def linear(self, x: torch.Tensor, kernels: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T``: one ``qlinear`` per row group, the outputs concatenated ([..., K] → [..., N])."""
+        y = torch.cat([p.linear(x, kernels) for p in self.parts], dim=-1)
+        return y if out is None else out.copy_(y)
+
     def to(self, device: torch.device | str) -> FusedWeight:
         return FusedWeight(tuple(p.to(device) for p in self.parts))
 
@@ -122,6 +174,27 @@ class FusedWeight:
 
 
 PackedWeight = QuantizedWeight | FusedWeight
+Weight = torch.Tensor | PackedWeight  # what a model's matmul multiplies by
+
+
+def weight_bytes(weights: Iterable[Weight]) -> int:
+    """Bytes held by these weights, each storage once (a tied head that is the embedding counts once): a dense
+    tensor's elements × element size, a packed weight's blocks (+ INT8_ROWWISE scales); the rule of
+    :func:`mistral_kernels.quant_formats.weight_nbytes`."""
+    seen: set[int] = set()
+    total = 0
+    for w in weights:
+        ptr = w.data_ptr()
+        if ptr not in seen:
+            nbytes = weight_nbytes(w.shape, w.dtype) if isinstance(w, torch.Tensor) else w.nbytes
+            seen.add(ptr)
+            total += nbytes
+    return total
+
+
+def format_names(w: Weight) -> list[str]:
+    """The packed format names of a weight (one per row group); [] for a dense tensor."""
+    return [] if isinstance(w, torch.Tensor) else [p.format.name for p in w.row_groups()]
 
 
 def quantize_int8(w: torch.Tensor, chunk_rows: int = 4096) -> QuantizedWeight:
@@ -138,9 +211,3 @@ def quantize_int8(w: torch.Tensor, chunk_rows: int = 4096) -> QuantizedWeight:
         scales[a:a + chunk_rows] = s
         q[a:a + chunk_rows] = torch.round(w32 / torch.where(s > 0, s, 1.0).unsqueeze(-1)).clamp_(-127, 127)
     return QuantizedWeight(q.view(w.shape), INT8_ROWWISE, tuple(w.shape), scales.view(w.shape[:-1]))
-
-
-def packed_format_names(w: PackedWeight) -> list[str]:
-    """The format names of a packed weight (one per group), for messages and ``info``."""
-    parts = w.parts if isinstance(w, FusedWeight) else (w,)
-    return [p.format.name for p in parts]

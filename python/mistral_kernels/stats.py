@@ -12,9 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from .quant_weight import FusedWeight, QuantizedWeight
+from .quant_weight import weight_bytes as _weight_bytes
 from .scheduler import SchedulerOutput
 
 __all__ = ["DecodeTraffic", "EngineStats", "weight_bytes"]
@@ -94,26 +92,9 @@ class DecodeTraffic:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of the weights one decode step reads (every matrix once; the embedding only by rows). Packed
-    (quantized) matrices count their packed bytes (blocks, or int8 values + scales)."""
-    seen: set[int] = set()
-    total = 0
-
-    def add(t: Any) -> None:
-        nonlocal total
-        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-        elif isinstance(t, FusedWeight):
-            for part in t.parts:
-                add(part)
-        elif isinstance(t, QuantizedWeight) and t.qweight.data_ptr() not in seen:
-            seen.add(t.qweight.data_ptr())
-            total += t.nbytes
-
-    for layer in getattr(model, "layers", []):
-        for v in vars(layer).values():
-            add(v)
-    add(getattr(model, "norm", None))
-    add(getattr(model, "lm_head", None))
-    return total
+    """Bytes of the weights one decode step reads: ``model.step_weights()`` (every matrix once; the embedding
+    only by rows), counted by :func:`mistral_kernels.quant_weight.weight_bytes` (packed matrices: their packed
+    bytes, blocks or int8 values + scales). A model object that lists no weights (a wrapper or test double
+    around a model, as the engine accepts) counts 0."""
+    step_weights = getattr(model, "step_weights", None)
+    return 0 if step_weights is None else _weight_bytes(w for _, w in step_weights())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS, QFormat
+from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS, QFormat
 
 # Byte offsets of the fp16 fields (d, dmin) inside one block of each GGUF format.
 FP16_FIELDS: dict[str, tuple[int, ...]] = {

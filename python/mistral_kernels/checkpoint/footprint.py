@@ -1,7 +1,7 @@
 """What the weights of a checkpoint take once loaded: per format, parameters and bytes (headers only).
 
-Follows the same :class:`~mistral_kernels.checkpoint.packing.PackingPlan` as loading: a matrix kept packed
-takes its stored bytes, an int8 matrix one byte per parameter + one fp32 scale per row, everything else
+Follows the same :class:`~mistral_kernels.checkpoint.packing.PackingPlan` as loading, bytes by the one rule
+(:func:`mistral_kernels.quant_formats.weight_nbytes`): a matrix kept packed takes its blocks (as stored), an int8 matrix one byte per parameter + one fp32 scale per row, everything else
 (norms, router, embedding, other formats) is dense in ``dtype``; a tied head on a packed embedding adds the
 packed head's bytes. Used by ``mistral-kernels info`` and the memory warning of :class:`mistral_kernels.LLM`
 (:meth:`mistral_kernels.checkpoint.Checkpoint.footprint`).
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..quant_formats import QFORMAT_BY_CODE, QFORMATS, weight_nbytes
 from .packing import PackingPlan
 from .tensor_io import TensorInfo
 
@@ -55,11 +56,12 @@ def weight_footprint(plan: PackingPlan, embed: tuple[TensorInfo, ...], dtype: to
             out.parameters += n
             out._add(out.stored, t.type_name or str(t.dtype).removeprefix("torch."), n, t.nbytes)
             if mode == "int8":
-                out._add(out.loaded, "INT8_ROWWISE", n, n + 4 * (n // t.shape[-1]))
+                out._add(out.loaded, "INT8_ROWWISE", n, weight_nbytes(t.shape, QFORMATS["INT8_ROWWISE"]))
             elif mode == "packed":
-                out._add(out.loaded, t.type_name, n, t.nbytes)
+                out._add(out.loaded, t.type_name, n, weight_nbytes(t.shape, QFORMAT_BY_CODE[t.ggml_type]))
             else:
-                out._add(out.loaded, dense, n, n * dtype.itemsize)
+                out._add(out.loaded, dense, n, weight_nbytes(t.shape, dtype))
     if plan.tied_head:
-        out._add(out.loaded, f"{embed[0].type_name} (tied head)", 0, sum(t.nbytes for t in embed))
+        head = sum(weight_nbytes(t.shape, QFORMAT_BY_CODE[t.ggml_type]) for t in embed)
+        out._add(out.loaded, f"{embed[0].type_name} (tied head)", 0, head)
     return out

@@ -29,7 +29,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import CheckpointError, UnsupportedCheckpointError
-from ..ops.quant import QFORMAT_BY_CODE, QFormat
+from ..quant_formats import QFORMAT_BY_CODE, QFormat
 from ..quant_weight import FusedWeight, PackedWeight, QuantizedWeight
 from ..rope_scaling import RopeScaling
 from .fields import Fields, as_tuple, build, token_id

@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 
 from ..config import ModelConfig
-from ..ops.quant import QFORMAT_BY_CODE
+from ..quant_formats import QFORMAT_BY_CODE
 from ..quant_weight import QuantizedWeight, quantize_int8
 from .fusion import fusion_plan
 from .naming import Entry

@@ -18,13 +18,15 @@ those classes to ``torch.ops.mistral_kernels``;
 ``attention.py``, before the C++ op.
 
 ``matmul.py`` holds :func:`linear` (the model's projections; the CPU-only ``skinny_linear`` kernel for
-decode-sized inputs), ``decode.py`` :func:`decode_layers` (CPU only: a decode step's layers in one call, dense or packed weights), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
+decode-sized inputs; a packed weight runs its own ``qlinear``) and the ``fused_moe`` that hands packed expert
+stacks their own block, ``decode.py`` :func:`decode_layers` (CPU only: a decode step's layers in one call, dense or packed weights), ``reference.py`` the plain-PyTorch references, ``_base.py`` the index checks of CUDA
 tensors: every direct call with CUDA index tensors checks their range at the cost of a device sync,
 unless :func:`device_index_checks` switches that off.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +36,7 @@ from .. import _library  # noqa: F401  (loads the compiled module: the schemas b
 from ._base import OpFamily, device_index_checks
 from .attention import AttentionOps
 from .decode import decode_layers
-from .matmul import linear
+from .matmul import linear, make_fused_moe
 from .moe import MoEOps
 from .norm import NormOps
 from .quant import QuantOps
@@ -99,6 +101,7 @@ def _register_fakes() -> None:
 _register_fakes()
 _WRAPPERS = bind("mistral_kernels")
 globals().update(_WRAPPERS)
+fused_moe = make_fused_moe(_WRAPPERS["fused_moe"], sys.modules[__name__])  # packed experts: their own block
 KERNEL_OPS: tuple[str, ...] = tuple(_WRAPPERS)  # the kernel wrappers exported here (and by emulated)
 
 __all__ = [*KERNEL_OPS, "decode_layers", "device_index_checks", "linear", "rope_cos_sin_cache"]

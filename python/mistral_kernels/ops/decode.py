@@ -13,19 +13,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import Protocol, Union
 
 import torch
 
-if TYPE_CHECKING:
-    from ..quant_weight import FusedWeight, QuantizedWeight
-
-__all__ = ["LayerMatrices", "decode_layers", "decode_layers_prepared"]
+__all__ = ["LayerMatrices", "PackedMatrix", "decode_layers", "decode_layers_prepared"]
 
 _decode_layers = torch.ops.mistral_kernels.decode_layers.default
 DENSE = -1  # qtypes entry of a dense part
 
-Matrix = Union[torch.Tensor, "QuantizedWeight", "FusedWeight"]
+
+class RowGroup(Protocol):
+    """Rows [N_g, K] of one packed format (:class:`~mistral_kernels.quant_weight.QuantizedWeight`)."""
+
+    qweight: torch.Tensor
+    qtype: int
+    scales: torch.Tensor | None
+    shape: tuple[int, ...]
+
+
+class PackedMatrix(Protocol):
+    """A packed matrix as the op reads it: its row groups of one format each, in row order."""
+
+    def row_groups(self) -> Sequence[RowGroup]: ...
+
+
+Matrix = Union[torch.Tensor, PackedMatrix]
 
 
 @dataclass(frozen=True)
@@ -45,10 +58,9 @@ class LayerMatrices:
     @classmethod
     def of(cls, qkv: Sequence[Matrix], wo: Sequence[Matrix], w13: Sequence[Matrix],
            w2: Sequence[Matrix]) -> LayerMatrices:
-        """From per-layer matrices: dense tensors, :class:`~mistral_kernels.quant_weight.QuantizedWeight` or
-        :class:`~mistral_kernels.quant_weight.FusedWeight` (TypeError naming the argument otherwise)."""
-        from ..quant_weight import FusedWeight, QuantizedWeight  # here: the package initialises ops first
-
+        """From per-layer matrices: dense tensors or packed matrices (:class:`PackedMatrix`:
+        :class:`~mistral_kernels.quant_weight.QuantizedWeight`, ``FusedWeight``); TypeError naming the argument
+        otherwise."""
         lists: list[list[torch.Tensor]] = []
         qtypes: list[int] = []
         scales: list[torch.Tensor | None] = []
@@ -56,26 +68,20 @@ class LayerMatrices:
             parts: list[torch.Tensor] = []
             for layer, w in enumerate(mats):
                 if isinstance(w, torch.Tensor):
-                    groups: Sequence[torch.Tensor | QuantizedWeight] = (w,)
-                elif isinstance(w, QuantizedWeight):
-                    groups = (w,)
-                elif isinstance(w, FusedWeight):
-                    groups = w.parts
-                else:
-                    raise TypeError(f"decode_layers: {name}[{layer}] must be a torch.Tensor, QuantizedWeight or "
-                                    f"FusedWeight, got {type(w).__name__}")
-                for g in groups:
-                    if isinstance(g, QuantizedWeight):
-                        if len(g.shape) != 2:
-                            raise ValueError(f"decode_layers: {name}[{layer}] must be a matrix [N, K], got an "
-                                             f"expert stack {list(g.shape)}")
-                        parts.append(g.qweight)
-                        qtypes.append(g.qtype)
-                        scales.append(g.scales)
-                    else:
-                        parts.append(g)
-                        qtypes.append(DENSE)
-                        scales.append(None)
+                    parts.append(w)
+                    qtypes.append(DENSE)
+                    scales.append(None)
+                    continue
+                if not hasattr(w, "row_groups"):
+                    raise TypeError(f"decode_layers: {name}[{layer}] must be a torch.Tensor or a packed matrix "
+                                    f"(QuantizedWeight / FusedWeight), got {type(w).__name__}")
+                for g in w.row_groups():
+                    if len(g.shape) != 2:
+                        raise ValueError(f"decode_layers: {name}[{layer}] must be a matrix [N, K], got an "
+                                         f"expert stack {list(g.shape)}")
+                    parts.append(g.qweight)
+                    qtypes.append(g.qtype)
+                    scales.append(g.scales)
             lists.append(parts)
         if all(q == DENSE for q in qtypes):
             qtypes, scales = [], []

@@ -1,5 +1,6 @@
 """Linear layers on quantized weights: ``qlinear`` (one matrix) and ``moe_qgemm`` (MoE expert stacks over
-rows grouped by expert). Formats: csrc/kernels/quant_blocks.h (codes, block layouts).
+rows grouped by expert). Formats: csrc/kernels/quant_blocks.h (codes, block layouts), in Python
+:mod:`mistral_kernels.quant_formats` (``QFORMATS``).
 
 Shape letters: M rows (tokens), K in features, N out features, QK elements per block, R = K / QK · bytes
 per block (a packed row), G experts; ``...`` any leading dims.
@@ -7,43 +8,9 @@ per block (a packed row), G experts; ``...`` any leading dims.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ._base import OpFamily, check_index_range, device_checks_apply, require_tensor
-
-
-@dataclass(frozen=True)
-class QFormat:
-    """One quantized format: its code (GGML's type number; INT8_ROWWISE is the project's own), QK, bytes."""
-
-    name: str
-    qtype: int
-    block: int  # QK: elements per block
-    bytes: int  # bytes per block
-
-    def row_bytes(self, k: int) -> int:
-        """Bytes of one packed row of K weights (K must be a multiple of QK)."""
-        return k // self.block * self.bytes
-
-
-# The formats with native kernels: the same table as MK_QTYPES in csrc/kernels/quant_blocks.h
-# (the GGUF ones have the gguf package's GGML_QUANT_SIZES; the kernels are tested against its decoder).
-QFORMATS: dict[str, QFormat] = {
-    f.name: f
-    for f in (
-        QFormat("Q4_0", 2, 32, 18),
-        QFormat("Q4_1", 3, 32, 20),
-        QFormat("Q8_0", 8, 32, 34),
-        QFormat("Q4_K", 12, 256, 144),
-        QFormat("Q5_K", 13, 256, 176),
-        QFormat("Q6_K", 14, 256, 210),
-        QFormat("INT8_ROWWISE", 1000, 1, 1),
-    )
-}
-QFORMAT_BY_CODE: dict[int, QFormat] = {f.qtype: f for f in QFORMATS.values()}
-INT8_ROWWISE = QFORMATS["INT8_ROWWISE"].qtype
 
 
 class QuantOps(OpFamily):
@@ -64,7 +31,7 @@ class QuantOps(OpFamily):
         x : [..., K] contiguous, float
         qweight : GGUF block format: uint8 [N, R] (row n = K / QK blocks, GGUF's layout);
             INT8_ROWWISE: int8 [N, K]
-        qtype : format code (``QFORMATS[name].qtype``)
+        qtype : format code (``quant_formats.QFORMATS[name].qtype``)
         scales : INT8_ROWWISE only: fp32 [N], W[n, k] = qweight[n, k] · scales[n]
         out : optional [..., N] contiguous output
 
@@ -116,7 +83,7 @@ class QuantOps(OpFamily):
         x : [M, K] contiguous, float; rows grouped by expert (e.g. ``moe_permute``'s permuted_x)
         expert_offsets : int64 [≥ G+1], non-decreasing, within [0, M]
         qweight : GGUF block format: uint8 [G, N, R]; INT8_ROWWISE: int8 [G, N, K]
-        qtype : format code (``QFORMATS[name].qtype``) of qweight and up_qweight
+        qtype : format code (``quant_formats.QFORMATS[name].qtype``) of qweight and up_qweight
         scales : INT8_ROWWISE only: fp32 [G, N]
         up_qweight, up_scales : the up projection W3 (same shapes and format); None: plain
         out : optional [M, N] contiguous output

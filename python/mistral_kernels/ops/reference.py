@@ -9,8 +9,12 @@ I intermediate, E experts, k top-k. Math in fp32, results cast to the input dtyp
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import torch
 
+from ..quant_formats import dequantize
 from .rope import rope_cos_sin_cache
 
 __all__ = [
@@ -142,16 +146,19 @@ def moe_unpermute(
 def fused_moe(
     x: torch.Tensor,
     gate_weight: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w3: torch.Tensor,
+    w1: Any,
+    w2: Any,
+    w3: Any,
     top_k: int = 2,
     renormalize: bool = True,
 ) -> torch.Tensor:
     """Mixtral sparse MoE block on x [..., H]: per token Σ_j w_j · w2[e_j] (silu(w1[e_j] x) * w3[e_j] x).
 
     Rounded to x's dtype at the same points as the kernels: router logits, gate, up, activation, expert output.
+    Packed expert stacks run their own block on these references (``w1.fused_moe(reference, ...)``).
     """
+    if not isinstance(w1, torch.Tensor):
+        return w1.fused_moe(sys.modules[__name__], x, gate_weight, w2, w3, top_k, renormalize)
     x2 = x.reshape(-1, x.shape[-1])
     weights, ids = topk_softmax(x2 @ gate_weight.T, top_k, renormalize)
     out = torch.zeros(x2.shape, dtype=torch.float32, device=x.device)
@@ -299,27 +306,16 @@ def paged_decode_attention(
 # M rows, K in features, N out features.
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K], weight [N, K] → x @ weight.T [..., N], accumulated in fp32, rounded once to x's dtype."""
+def linear(x: torch.Tensor, weight: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K], weight [N, K] → x @ weight.T [..., N], accumulated in fp32, rounded once to x's dtype. A packed
+    weight runs its own matmul on these references (``weight.linear(x, reference)``: :func:`qlinear`)."""
+    if not isinstance(weight, torch.Tensor):
+        return weight.linear(x, sys.modules[__name__], out)
     y = (x.float() @ weight.float().T).to(x.dtype)
     if out is not None:
         out.copy_(y)
         return out
     return y
-
-
-def dequantize(qweight: torch.Tensor, qtype: int, scales: torch.Tensor | None = None) -> torch.Tensor:
-    """The fp32 weight [N, K] of a quantized one (``ops.qlinear``'s formats), decoded by the ``gguf``
-    package for the GGUF block formats (the project's kernels are tested against it)."""
-    from .quant import INT8_ROWWISE
-
-    if qtype == INT8_ROWWISE:
-        assert scales is not None, "INT8_ROWWISE needs scales"
-        return qweight.float() * scales.float()[:, None]
-    import gguf.quants
-
-    rows = qweight.detach().cpu().contiguous().numpy()
-    return torch.from_numpy(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(qtype)).copy()).float()
 
 
 def qlinear(
@@ -371,22 +367,19 @@ def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: list[torch
                   block_tables: torch.Tensor, seq_lens: torch.Tensor, cos_sin: torch.Tensor, n_heads: int,
                   eps: float, scale: float, is_neox: bool) -> None:
     """The L decoder layers (dense FFN) of one decode step, op by op with the references above (in place on x,
-    residual and the caches). qkv, wo, w13, w2: per layer a dense tensor or a packed matrix; a packed matrix (QuantizedWeight / FusedWeight) is dequantized to fp32 (gguf's
-    decoding: ``dequantize``) and multiplied like a dense one."""
+    residual and the caches). qkv, wo, w13, w2: per layer a dense tensor or a packed matrix, multiplied by
+    :func:`linear` (a packed one: :func:`qlinear`, the weight dequantized to fp32 by gguf's decoding)."""
     m = x.shape[0]
     hkv, d = k_cache[0].shape[2], k_cache[0].shape[3]
 
-    def dense(w: object) -> torch.Tensor:
-        return w if isinstance(w, torch.Tensor) else w.dequantize(torch.float32)  # type: ignore[attr-defined]
-
     for layer in range(len(attn_norm)):
         fused_add_rms_norm(x, residual, attn_norm[layer], eps)
-        q, k, v = linear(x, dense(qkv[layer])).split([n_heads * d, hkv * d, hkv * d], -1)
+        q, k, v = linear(x, qkv[layer]).split([n_heads * d, hkv * d, hkv * d], -1)
         q, k, v = q.reshape(m, n_heads, d), k.reshape(m, hkv, d), v.reshape(m, hkv, d)
         rotary_embedding(positions, q, k, cos_sin, is_neox)
         reshape_and_cache(k, v, k_cache[layer], v_cache[layer], slot_mapping)
         att = paged_decode_attention(q, k_cache[layer], v_cache[layer], block_tables, seq_lens, scale,
                                      windows[layer] if windows[layer] > 0 else None)
-        x.copy_(linear(att.reshape(m, n_heads * d), dense(wo[layer])))
+        x.copy_(linear(att.reshape(m, n_heads * d), wo[layer]))
         fused_add_rms_norm(x, residual, ffn_norm[layer], eps)
-        x.copy_(linear(silu_and_mul(linear(x, dense(w13[layer]))), dense(w2[layer])))
+        x.copy_(linear(silu_and_mul(linear(x, w13[layer])), w2[layer]))

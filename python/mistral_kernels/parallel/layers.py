@@ -14,7 +14,6 @@ from types import ModuleType
 
 import torch
 
-from .. import ops
 from ..batch import AttentionBatch
 from ..config import ModelConfig
 from ..model import DecoderLayer
@@ -86,7 +85,7 @@ class ShardedDecoderLayer(DecoderLayer):
         are zero, so out[0] = w[0, 0]·expert_2(x[0]) and out[1] = w[1, 1]·expert_3(x[1]).
         """
         c, kern = self.config, self.kernels
-        logits = ops.linear(x, self.gate)                                         # [T, E]
+        logits = kern.linear(x, self.gate)                                        # [T, E]
         weights, ids = kern.topk_softmax(logits, c.top_k, True)                   # fp32 [T, k], int32 [T, k]
         local = ids - self.first_expert
         null = torch.full_like(local, self.num_local_experts)
