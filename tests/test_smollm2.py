@@ -24,7 +24,7 @@ from .helpers.default_model_files import default_model_or_skip
 from .helpers.model_helpers import greedy_ours, greedy_transformers, logits_transformers
 from .helpers.prefix_models import check_prefix_caching_changes_nothing
 
-from .helpers.smollm2 import ours, prompt_ids, reference
+from .helpers.smollm2 import gguf_path, ours, prompt_ids, reference  # noqa: F401  (session fixtures)
 
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file (pip install accelerate)")
 
