@@ -74,6 +74,7 @@
 
 #include "../simt/portable.cuh"
 #include "common.cuh"
+#include "fast_div.h"
 #include "paged_prefill.cuh"
 #include "tc_fragments.cuh"
 
@@ -158,20 +159,35 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
     }
     simt::cp_async_16_zfill(Qs + r * LD + c * 8, src, bytes);
   }
-  // K/V tile `t` (keys kstart + t·BN …) gathered through the block table into stage `stage`.
+  // K/V tile `t` (keys kstart + t·BN …) gathered through the block table into stage `stage`. Per item: the
+  // block size as a FastDiv (a key's block by a multiply and a shift instead of a divide) and the byte
+  // stride of a slot; per chunk only 32-bit key math, one block-table load and one wide multiply.
+  const FastDiv div_s(kv.block_size);
+  const auto stride_bytes = static_cast<uint32_t>(kv.slot_stride * sizeof(T));
+  const auto* const k_bytes = reinterpret_cast<const char*>(kv.k);
+  const auto* const v_bytes = reinterpret_cast<const char*>(kv.v);
   auto load_kv = [&](int t, int stage) {
     T* Ks = KVs + stage * 2 * BN * LD;
     T* Vs = Ks + BN * LD;
     const int n0 = kstart + t * BN;
-    for (int idx = tid; idx < BN * CH; idx += C::THREADS) {
+    constexpr int CHUNKS = BN * CH, PER_THREAD = (CHUNKS + C::THREADS - 1) / C::THREADS;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {  // a compile-time trip count: c, v below are per-item constants
+      const int idx = tid + i * C::THREADS;
+      if (CHUNKS % C::THREADS != 0 && idx >= CHUNKS) break;
       const int c = idx / CH, v = idx % CH, j = n0 + c;
-      // -1 past kend and for block ids outside [0, N) (validated by the host; never read regardless):
+      // Past kend and for block ids outside [0, N) (validated by the host; never read regardless):
       // zero-filled, the source address unused.
-      const int64_t slot = j < kend ? kv.slot(j) : -1;
-      const int64_t off = slot >= 0 ? kv.row(slot) + v * 8 : 0;
-      const unsigned bytes = slot >= 0 ? 16 : 0;
-      simt::cp_async_16_zfill(Ks + c * LD + v * 8, kv.k + off, bytes);
-      simt::cp_async_16_zfill(Vs + c * LD + v * 8, kv.v + off, bytes);
+      const int lb = div_s.div(j);
+      const int blk = j < kend ? kv.block_table[lb] : -1;
+      const bool ok = blk >= 0 && blk < kv.num_blocks;
+      const uint64_t off =
+          static_cast<uint64_t>(static_cast<uint32_t>(ok ? blk * kv.block_size + (j - lb * kv.block_size) : 0)) *
+              stride_bytes +
+          v * 16u;
+      const unsigned bytes = ok ? 16 : 0;
+      simt::cp_async_16_zfill(Ks + c * LD + v * 8, k_bytes + off, bytes);
+      simt::cp_async_16_zfill(Vs + c * LD + v * 8, v_bytes + off, bytes);
     }
   };
   load_kv(0, 0);
@@ -242,15 +258,23 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
           tc_mma<T>(s[2 * np + 1], a, b1);
         }
       }
-      // Mask (causal + window; keys ≥ kend lie past every row's position) and scale into the log2 domain.
+      // Mask (causal + window; keys ≥ kend lie past every row's position): only on a tile that some row of
+      // the warp does not see in full (the diagonal and window-edge tiles; warp-uniform test), a select per
+      // score. Padding rows (zero Q) see the interior tiles unmasked: their results are never stored.
+      const int lo_all = static_cast<int>(first_visible_key(whi, p.window)), hi_all = pos0 + wr0 / G;
+      if (n0 < lo_all || n0 + BN - 1 > hi_all) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1, key = n0 + j * 8 + 2 * t4 + (e & 1);
-          s[j][e] = key >= rlo[h] && key <= rpos[h] ? s[j][e] * sl : kNegInf;
-        }
-      // Online softmax per row; the row's 4 lanes reduce with xor 1, 2.
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, key = n0 + j * 8 + 2 * t4 + (e & 1);
+            s[j][e] = key >= rlo[h] && key <= rpos[h] ? s[j][e] : kNegInf;
+          }
+      }
+      // Online softmax per row in the log2 domain (scores · sl; the max of the raw scores, scaled once —
+      // sl > 0 and rounding is monotonic, so it is the max of the scaled ones); the row's 4 lanes reduce
+      // with xor 1, 2.
+      float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = kNegInf;
@@ -258,28 +282,34 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
         for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
         mx = fmaxf(mx, simt::shfl_xor(mx, 1));
         mx = fmaxf(mx, simt::shfl_xor(mx, 2));
-        const float alpha = st[h].rescale(mx, ex2);  // nothing visible yet: everything stays 0
+        alpha[h] = st[h].rescale(mx * sl, ex2);  // nothing visible yet: everything stays 0
         const float shift = st[h].shift();
         float rs = 0.f;
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[j][e] = ex2(s[j][e] - shift);  // masked: exp2(-inf) = 0
+            s[j][e] = ex2(fmaf(s[j][e], sl, -shift));  // masked: exp2(-inf) = 0
             rs += s[j][e];
           }
-        st[h].add(alpha, rs);
+        st[h].add(alpha[h], rs);
+      }
+      // O ·= alpha, skipped when no row's max moved (alpha = 1 exactly for every row of the warp: the
+      // multiplication would be the identity; the common case once the maxima settle). Warp-uniform vote.
+      if (!simt::all(alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
         for (int t = 0; t < OT; ++t) {
-          o[t][2 * h] *= alpha;
-          o[t][2 * h + 1] *= alpha;
+          o[t][0] *= alpha[0];
+          o[t][1] *= alpha[0];
+          o[t][2] *= alpha[1];
+          o[t][3] *= alpha[1];
         }
       }
       // O += P·V. The mma multiplies every key of the tile into every row, p = 0 included, and 0·NaN = NaN:
       // a NaN / Inf in the V row of a key that some of this warp's rows cannot see (diagonal and window-edge
       // tiles) would leak into them. Such tiles (rare: non-finite V) take the exact path, which skips
       // invisible keys per row (common.cuh, NaN rule); every other tile runs the mma.
-      if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, first_visible_key(whi, p.window), pos0 + wr0 / G)) {
+      if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, lo_all, hi_all)) {
         // One key per iteration; the key loop inside an 8-key column tile is not unrolled, so this path does
         // not raise the register budget of the mma path.
 #pragma unroll
