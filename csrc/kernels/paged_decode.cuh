@@ -58,11 +58,11 @@
 // every instance, no spills; 32 KiB of shared stages per block) · 4 warps · one 4 KiB chunk in flight =
 // 48 KiB, about 3× what Little's law asks at ~3.35 TB/s and ~0.6 µs latency over 132 SMs (≈ 15 KiB per SM).
 // Issue (SASS, nvcc 13.0, sm_90, bf16, D 128, GC 4; counted with cuobjdump on the steady-state path of the
-// main loop, an ESTIMATE until a GPU measures it): ≈ 660 warp-instructions per chunk of 4 KiB of K+V (≈ 690
+// main loop, an ESTIMATE until a GPU measures it): ≈ 643 warp-instructions per chunk of 4 KiB of K+V (675
 // when a max moved), from ≈ 1,345 with the per-key rescale: 256 FFMA (q·k, p·v), 64 bf16 → f32 unpacks,
-// 8 LDGSTS + 8 LDS.128, ≈ 60 reduce-scatter, ≈ 60 softmax, ≈ 70 addressing. That is ≈ 6.2 bytes per
-// warp-instruction: an H100 issues ≈ 132 SMs · 4 · 1.75 GHz ≈ 0.92 T warp-instructions/s → ≈ 5.7 TB/s of
-// K+V, ≈ 1.7× its HBM rate (H200, 4.8 TB/s: ≈ 1.2×). Expected: ≈ 70–80 % of HBM on an H100 for ≥ 2k-key
+// 8 LDGSTS + 8 LDS.128, ≈ 60 reduce-scatter, ≈ 50 softmax (exp as one ex2.approx.ftz, fast_exp.cuh), ≈ 70
+// addressing. That is ≈ 6.4 bytes per warp-instruction: an H100 issues ≈ 132 SMs · 4 · 1.75 GHz ≈ 0.92 T
+// warp-instructions/s → ≈ 5.9 TB/s of K+V, ≈ 1.75× its HBM rate (H200, 4.8 TB/s: ≈ 1.2×). Expected: ≈ 70–80 % of HBM on an H100 for ≥ 2k-key
 // contexts at B ≥ 16 (≥ 2 blocks per SM busy; attention_plan.h plans the partitions for that), less on an
 // H200, where issue nearly binds (the ≥ 2× headroom target, ≈ 500 per 4 KiB, needs the q·k FMAs on tensor
 // cores: a GQA-group mma decode, not built yet); the split-K workspace and the reduce launch cost the rest
@@ -70,6 +70,7 @@
 // the CUDA graphs of mistral_kernels/decode_graphs.py remove the launch overhead there.
 #pragma once
 
+#include "../simt/fast_exp.cuh"
 #include "../simt/portable.cuh"
 #include "attention_plan.h"
 #include "common.cuh"
@@ -217,7 +218,7 @@ paged_decode_kernel(const DecodeParams<T> p) {
   using SL = ScatterLayout<NP, TPK>;
   constexpr int R = SL::R;
   constexpr float kNegInf = -INFINITY;
-  const auto fast_exp = [](float x) { return __expf(x); };
+  const auto fast_exp = [](float x) { return simt::exp_ftz(x); };  // two instructions (fast_exp.cuh)
   // One buffer: the warps' cp.async stages in the main loop, then the cross-warp merge (after a barrier).
   constexpr int kStageVecs = NW * 2 * STAGE;
   constexpr int kMergeFloats = NW * GC * (D + 2);
