@@ -45,8 +45,8 @@ inline void rotary_embedding_args(const char* op, const at::Tensor& positions, c
 }
 
 // rotary_embedding's arguments (q, k, positions, cos_sin_cache) and reshape_and_cache's (k, v, the caches,
-// slot_mapping), and what the fused op adds: q is written too, so it may not share memory with v or the
-// caches. Every check runs before anything is written.
+// slot_mapping), and what the fused op adds: q and k are written too, so they may not share memory with v
+// or the caches, nor the caches with positions or cos_sin_cache. Every check runs before anything is written.
 inline void rotary_embedding_and_cache_args(const char* op, const at::Tensor& positions, const at::Tensor& q,
                                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos_sin,
                                             const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -56,6 +56,9 @@ inline void rotary_embedding_and_cache_args(const char* op, const at::Tensor& po
   reshape_and_cache_args(op, k, v, k_cache, v_cache, slot_mapping, dtypes);
   no_overlap(op, "q", q, {{"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"slot_mapping", &slot_mapping}});
   no_overlap(op, "k", k, {{"v", &v}});
+  // the caches are written while later tokens still read their positions and cos / sin rows
+  no_overlap(op, "k_cache", k_cache, {{"cos_sin_cache", &cos_sin}, {"positions", &positions}});
+  no_overlap(op, "v_cache", v_cache, {{"cos_sin_cache", &cos_sin}, {"positions", &positions}});
 }
 
 }  // namespace mk::inline MK_ABI::check
