@@ -60,10 +60,9 @@
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
 //     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
-// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80 (fp16): D 64 149,
-// 80 148, 96 158, 128 190 (2 blocks/SM, see MIN_BLOCKS), 256 249 registers, 0 spills (sm_90: 151, 148, 158,
-// 194, 245; the exact P·V path for non-finite V in masked keys added ~2-14); checked by
-// tests/test_nvcc_ptxas.py.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80 (fp16): D 64 163,
+// 80 154, 96 160, 128 230 (BN 64; 2 blocks/SM, see MIN_BLOCKS), 256 255 registers, 0 spills (sm_90: 164,
+// 156, 158, 228, 249); checked by tests/test_nvcc_ptxas.py.
 // Issue (SASS, nvcc 13.0, sm_90, bf16, D 128, counted with cuobjdump on the steady-state path of an interior
 // tile: no mask, finite V, prefetch issued; an ESTIMATE until a GPU measures it): per warp and 64-key tile
 // 739 warp-instructions, 128 of them HMMA (803 when a row's max moved and O is rescaled), i.e. 4.8 other
