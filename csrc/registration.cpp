@@ -16,6 +16,10 @@ constexpr const char* kSchemas[] = {
     "fused_add_rms_norm(Tensor! x, Tensor! residual, Tensor weight, float eps) -> ()",
     "silu_and_mul(Tensor! out, Tensor x) -> ()",
     "rotary_embedding(Tensor positions, Tensor! q, Tensor! k, Tensor cos_sin_cache, bool is_neox) -> ()",
+    // rotary_embedding, then reshape_and_cache of the rotated k and v: one launch per layer instead of two
+    // (csrc/kernels/rope_cache.cuh)
+    "rotary_embedding_and_cache(Tensor positions, Tensor! q, Tensor! k, Tensor v, Tensor cos_sin_cache, "
+    "bool is_neox, Tensor! k_cache, Tensor! v_cache, Tensor slot_mapping) -> ()",
     // paged KV cache + attention  (MK_ATTENTION_OPS; csrc/kernels/{kv_cache,paged_decode,paged_prefill,
     // paged_prefill_tc}.cuh, csrc/cpu/paged_attention.cpp). sliding_window <= 0: none; partition_size 0:
     // automatic split-K.

@@ -161,6 +161,7 @@ def test_every_kernel_instance_is_built(kernels: list[Kernel]) -> None:
             for t in ("__half", "__nv_bfloat16"):
                 assert (f"paged_prefill_tc_kernel<{t}, {d}>", arch) in names
         for family in ("rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "reshape_and_cache_kernel",
+                       "rotary_embedding_and_cache_kernel",
                        "grouped_gemm_nt_kernel", "topk_softmax_kernel", "moe_scatter_kernel", "moe_unpermute_kernel",
                        "moe_columns_kernel", "moe_offsets_kernel", "moe_rank_kernel",
                        "paged_decode_reduce_kernel", "quant_gemv_kernel", "quant_gemm_kernel",

@@ -1,11 +1,12 @@
-// checks/rope.h — argument checks for rotary_embedding.
+// checks/rope.h — argument checks for rotary_embedding and rotary_embedding_and_cache.
 // Shapes: T tokens, Hq / Hkv heads, D head_dim, R rot_dim, P max positions.
 #pragma once
 
+#include "attention.h"
 #include "common.h"
 
 // The ops of this family (registered by every backend from this list; see common.h).
-#define MK_ROPE_OPS(X) X(rotary_embedding)
+#define MK_ROPE_OPS(X) X(rotary_embedding) X(rotary_embedding_and_cache)
 
 namespace mk::inline MK_ABI::check {
 
@@ -41,6 +42,23 @@ inline void rotary_embedding_args(const char* op, const at::Tensor& positions, c
   no_internal_overlap(op, "k", k);
   no_overlap(op, "q", q, {{"k", &k}, {"positions", &positions}, {"cos_sin_cache", &cos_sin}});
   no_overlap(op, "k", k, {{"positions", &positions}, {"cos_sin_cache", &cos_sin}});
+}
+
+// rotary_embedding's arguments (q, k, positions, cos_sin_cache) and reshape_and_cache's (k, v, the caches,
+// slot_mapping), and what the fused op adds: q and k are written too, so they may not share memory with v
+// or the caches, nor the caches with positions or cos_sin_cache. Every check runs before anything is written.
+inline void rotary_embedding_and_cache_args(const char* op, const at::Tensor& positions, const at::Tensor& q,
+                                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos_sin,
+                                            const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                            const at::Tensor& slot_mapping,
+                                            std::initializer_list<at::ScalarType> dtypes) {
+  rotary_embedding_args(op, positions, q, k, cos_sin, dtypes);
+  reshape_and_cache_args(op, k, v, k_cache, v_cache, slot_mapping, dtypes);
+  no_overlap(op, "q", q, {{"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"slot_mapping", &slot_mapping}});
+  no_overlap(op, "k", k, {{"v", &v}});
+  // the caches are written while later tokens still read their positions and cos / sin rows
+  no_overlap(op, "k_cache", k_cache, {{"cos_sin_cache", &cos_sin}, {"positions", &positions}});
+  no_overlap(op, "v_cache", v_cache, {{"cos_sin_cache", &cos_sin}, {"positions", &positions}});
 }
 
 }  // namespace mk::inline MK_ABI::check

@@ -17,12 +17,15 @@
 
 namespace mk::inline MK_ABI {
 
+// Token t of a block: its K and V rows copied to slot slot_mapping[t] (nothing for a slot outside the cache).
+// k and v are not __restrict__: the fused rope kernel (rope_cache.cuh) writes k in the same launch, and
+// restrict would allow the non-coherent read-only path.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(128)
-reshape_and_cache_kernel(const T* __restrict__ k, const T* __restrict__ v, const PagedKV<T> cache,
-                         const int64_t* __restrict__ slot_mapping, int64_t k_stride, int64_t v_stride) {
+__device__ __forceinline__ void cache_token(int64_t t, const T* k, const T* v,
+                                            const PagedKV<T>& cache, const int64_t* __restrict__ slot_mapping,
+                                            int64_t k_stride, int64_t v_stride) {
   using V = Vec<T, VEC>;
-  const int64_t t = blockIdx.x, row = cache.slot_stride;
+  const int64_t row = cache.slot_stride;
   const int64_t slot = slot_mapping[t];
   if (!cache.holds(slot)) return;
   const V* ks = reinterpret_cast<const V*>(k + t * k_stride);
@@ -35,6 +38,21 @@ reshape_and_cache_kernel(const T* __restrict__ k, const T* __restrict__ v, const
   }
 }
 
+template <typename T, int VEC>
+__global__ void __launch_bounds__(128)
+reshape_and_cache_kernel(const T* __restrict__ k, const T* __restrict__ v, const PagedKV<T> cache,
+                         const int64_t* __restrict__ slot_mapping, int64_t k_stride, int64_t v_stride) {
+  cache_token<T, VEC>(blockIdx.x, k, v, cache, slot_mapping, k_stride, v_stride);
+}
+
+// Whether the rows can move as 16-byte vectors: row length, strides and pointers all allow it.
+template <typename T>
+bool cache_vectorizable(const T* k, const T* v, const PagedKV<T>& cache, int64_t k_stride, int64_t v_stride) {
+  constexpr int V = kVec16<T>;
+  return cache.slot_stride % V == 0 && k_stride % V == 0 && v_stride % V == 0 && aligned16(k) && aligned16(v) &&
+         aligned16(cache.k) && aligned16(cache.v);
+}
+
 // cache: k/v = k_cache/v_cache, slot_stride = R, block_size = S, num_blocks = N (no block table).
 template <typename T>
 cudaError_t launch_reshape_and_cache(const T* k, const T* v, const PagedKV<T>& cache, const int64_t* slot_mapping,
@@ -42,8 +60,7 @@ cudaError_t launch_reshape_and_cache(const T* k, const T* v, const PagedKV<T>& c
   const int64_t row = cache.slot_stride;
   if (T_ == 0 || row == 0) return cudaSuccess;
   constexpr int V = kVec16<T>;
-  const bool vec_ok = row % V == 0 && k_stride % V == 0 && v_stride % V == 0 && aligned16(k) && aligned16(v) &&
-                      aligned16(cache.k) && aligned16(cache.v);
+  const bool vec_ok = cache_vectorizable(k, v, cache, k_stride, v_stride);
   const dim3 grid(static_cast<unsigned>(T_)), block(128);
   if (vec_ok)
     return simt::launch(reshape_and_cache_kernel<T, V>, grid, block, 0, stream, k, v, cache, slot_mapping, k_stride,

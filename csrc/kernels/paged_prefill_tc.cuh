@@ -6,7 +6,7 @@
 //
 // Shapes: Tq packed queries, B sequences, Hq / Hkv heads, G = Hq/Hkv, D head_dim, N num_blocks,
 // S block_size, M max_blocks; BM = 64 query rows per block (16 per warp), BN keys per K/V tile
-// (64 for D = 64, else 32), LD = D + 8 the padded shared-memory row (elements).
+// (64 for D = 64 and 128, else 32), LD = D + 8 the padded shared-memory row (elements).
 //   q [Tq, Hq, D] (token stride q_stride), out [Tq, Hq, D] contiguous, k_cache / v_cache [N, S, Hkv, D],
 //   block_tables int32 [B, M], cu_seqlens_q int32 [B+1], seq_lens int32 [B].
 // Sequence b's q_b new tokens sit at positions seq_lens[b]-q_b … seq_lens[b]-1; the query at position p
@@ -45,23 +45,33 @@
 // and the phase stays in one row (D = 64, 128, 256); for D = 80 / 96 a phase straddling two rows can hit
 // a 2-way conflict on the (asynchronous) store side only. The epilogue's 4-byte fragment stores: rows g,
 // words 4g'+t with g' = stride·g mod 8 distinct → conflict-free.
-// Shared memory bytes = (BM + 4·BN)·LD·2: D 64: 45 KiB, 80: 33 KiB, 96: 39 KiB, 128: 51 KiB, 256: 99 KiB.
+// Shared memory bytes = (BM + 4·BN)·LD·2: D 64: 45 KiB, 80: 33 KiB, 96: 39 KiB, 128: 85 KiB, 256: 99 KiB
+// (D 128: 2 blocks per SM on an H100, 1 on an A100 or an sm_86 / sm_89 part).
 //
-// Roofline (per block and K/V tile): FLOPs = 4·BM·BN·D (Q·Kᵀ and P·V, 2 per MAC): D 128, BN 32 → 1.05 MFLOP.
-// Shared-memory traffic: cp.async writes 2·BN·D·2 B (16 KiB at D 128) and every warp ldmatrix-reads the
-// whole K and V tile, 4 warps × 2·BN·D·2 B (64 KiB at D 128) — 16 FLOP per byte read, independent of BN
+// Roofline (per block and K/V tile): FLOPs = 4·BM·BN·D (Q·Kᵀ and P·V, 2 per MAC): D 128, BN 64 → 2.1 MFLOP.
+// Shared-memory traffic: cp.async writes 2·BN·D·2 B (32 KiB at D 128) and every warp ldmatrix-reads the
+// whole K and V tile, 4 warps × 2·BN·D·2 B (128 KiB at D 128) — 16 FLOP per byte read, independent of BN
 // and D (each warp owns 16 rows: 4·16·BN·D FLOP / (4·BN·D) B). Global: K/V once per (kv head, block) =
 // 2·BN·D·2 B per tile (64 FLOP/B; repeated reads by the other query blocks of the same kv head hit L2).
 //   A100 (sm_80): 312 TFLOP/s dense fp16/bf16 mma vs ~19.5 TB/s shared memory (108 SMs × 128 B/clk ×
 //     1.41 GHz) → ridge 16 FLOP/B: this tiling sits at the ridge; expect 50–65 % of peak for long
-//     prefills (FA2 reports 50–73 % with 128-row blocks), ~2 blocks (8 warps) per SM at D 128 (register-limited, MIN_BLOCKS).
+//     prefills (FA2 reports 50–73 % with 128-row blocks); at D 128 one block (4 warps) per SM fits A100's
+//     164 KiB with BN 64 (two on an H100) — latency hiding rests on the cp.async prefetch and ILP there.
 //   H100 (sm_90, mma.sync, no wgmma): ~660 TFLOP/s reachable with mma.sync vs ~31 TB/s shared memory
 //     (132 SMs × 128 B/clk × 1.83 GHz) → ridge ~21 FLOP/B: shared-memory-bound at ≈ 16/21 of the mma.sync
 //     rate (~500 TFLOP/s, ~50 % of the 990 TFLOP/s wgmma peak); wgmma/TMA are outside what the emulator verifies.
-// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80 (fp16): D 64 149,
-// 80 148, 96 158, 128 190 (2 blocks/SM, see MIN_BLOCKS), 256 249 registers, 0 spills (sm_90: 151, 148, 158,
-// 194, 245; the exact P·V path for non-finite V in masked keys added ~2-14); checked by
-// tests/test_nvcc_ptxas.py.
+// Registers (per lane): O D/2 fp32, S BN/2 fp32, Q fragments D/4 (D ≤ 128). nvcc 13 / sm_80 (fp16): D 64 163,
+// 80 154, 96 160, 128 230 (BN 64; 2 blocks/SM, see MIN_BLOCKS), 256 255 registers, 0 spills (sm_90: 164,
+// 156, 158, 228, 249); checked by tests/test_nvcc_ptxas.py.
+// Issue (SASS, nvcc 13.0, sm_90, bf16, D 128, counted with cuobjdump on the steady-state path of an interior
+// tile: no mask, finite V, prefetch issued; an ESTIMATE until a GPU measures it): per warp and 64-key tile
+// 739 warp-instructions, 128 of them HMMA (803 when a row's max moved and O is rescaled), i.e. 4.8 other
+// instructions per HMMA; the BN 32 tile before it took 827 with 64 HMMA (11.9 per HMMA). An m16n8k16 HMMA
+// holds a sub-core's tensor pipe ~8 issue cycles (A100: 256 FMA per cycle and sub-core), so the HMMA share
+// of issue cycles is 8·128 / (8·128 + 611) ≈ 63 % (60 % with the rescale), from 40 %. What it took: the K/V
+// gather with a FastDiv per key (no divide) and 32-bit slot math in a compile-time chunk loop; the mask only
+// on tiles some row of the warp does not see in full; scores scaled inside the exp2 FMA; exp2 as one
+// ex2.approx.ftz (fast_exp.cuh); the O rescale skipped by a warp vote when no row's max moved; BN 64.
 // NaN / Inf: masks are selects on S; P·V skips keys a row cannot see whenever a masked key of the tile
 // holds a non-finite V (tc_masked_v_nonfinite), so nothing leaks through 0·NaN (common.cuh, NaN rule).
 //
@@ -72,8 +82,10 @@
 
 #include <type_traits>
 
+#include "../simt/fast_exp.cuh"
 #include "../simt/portable.cuh"
 #include "common.cuh"
+#include "fast_div.h"
 #include "paged_prefill.cuh"
 #include "tc_fragments.cuh"
 
@@ -86,7 +98,7 @@ template <int D>
 struct PrefillTcTile {
   static_assert(D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
   static constexpr int BM = 64, WARPS = 4, THREADS = WARPS * 32;
-  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per K/V tile
+  static constexpr int BN = D <= 64 || D == 128 ? 64 : 32;  // keys per K/V tile
   static constexpr int LD = D + 8;              // padded shared row (elements), see the header
   static constexpr int CH = D / 8;              // 16-byte chunks per row
   static constexpr int KSTEPS = D / 16;         // k-steps of Q·Kᵀ
@@ -158,20 +170,35 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
     }
     simt::cp_async_16_zfill(Qs + r * LD + c * 8, src, bytes);
   }
-  // K/V tile `t` (keys kstart + t·BN …) gathered through the block table into stage `stage`.
+  // K/V tile `t` (keys kstart + t·BN …) gathered through the block table into stage `stage`. Per item: the
+  // block size as a FastDiv (a key's block by a multiply and a shift instead of a divide) and the byte
+  // stride of a slot; per chunk only 32-bit key math, one block-table load and one wide multiply.
+  const FastDiv div_s(kv.block_size);
+  const auto stride_bytes = static_cast<uint32_t>(kv.slot_stride * sizeof(T));
+  const auto* const k_bytes = reinterpret_cast<const char*>(kv.k);
+  const auto* const v_bytes = reinterpret_cast<const char*>(kv.v);
   auto load_kv = [&](int t, int stage) {
     T* Ks = KVs + stage * 2 * BN * LD;
     T* Vs = Ks + BN * LD;
     const int n0 = kstart + t * BN;
-    for (int idx = tid; idx < BN * CH; idx += C::THREADS) {
+    constexpr int CHUNKS = BN * CH, PER_THREAD = (CHUNKS + C::THREADS - 1) / C::THREADS;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {  // a compile-time trip count: c, v below are per-item constants
+      const int idx = tid + i * C::THREADS;
+      if (CHUNKS % C::THREADS != 0 && idx >= CHUNKS) break;
       const int c = idx / CH, v = idx % CH, j = n0 + c;
-      // -1 past kend and for block ids outside [0, N) (validated by the host; never read regardless):
+      // Past kend and for block ids outside [0, N) (validated by the host; never read regardless):
       // zero-filled, the source address unused.
-      const int64_t slot = j < kend ? kv.slot(j) : -1;
-      const int64_t off = slot >= 0 ? kv.row(slot) + v * 8 : 0;
-      const unsigned bytes = slot >= 0 ? 16 : 0;
-      simt::cp_async_16_zfill(Ks + c * LD + v * 8, kv.k + off, bytes);
-      simt::cp_async_16_zfill(Vs + c * LD + v * 8, kv.v + off, bytes);
+      const int lb = div_s.div(j);
+      const int blk = j < kend ? kv.block_table[lb] : -1;
+      const bool ok = blk >= 0 && blk < kv.num_blocks;
+      const uint64_t off =
+          static_cast<uint64_t>(static_cast<uint32_t>(ok ? blk * kv.block_size + (j - lb * kv.block_size) : 0)) *
+              stride_bytes +
+          v * 16u;
+      const unsigned bytes = ok ? 16 : 0;
+      simt::cp_async_16_zfill(Ks + c * LD + v * 8, k_bytes + off, bytes);
+      simt::cp_async_16_zfill(Vs + c * LD + v * 8, v_bytes + off, bytes);
     }
   };
   load_kv(0, 0);
@@ -191,7 +218,7 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
     rlo[h] = static_cast<int>(first_visible_key(rpos[h], p.window));
   }
   const float sl = p.scale * kLog2e;
-  const auto ex2 = [](float x) { return exp2f(x); };
+  const auto ex2 = [](float x) { return simt::ex2_ftz(x); };  // one MUFU (fast_exp.cuh)
 
   float o[OT][4];
   OnlineSoftmax st[2];  // log2 domain; l: this lane's partial sum, the row's 4 lanes summed in the epilogue
@@ -242,15 +269,23 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
           tc_mma<T>(s[2 * np + 1], a, b1);
         }
       }
-      // Mask (causal + window; keys ≥ kend lie past every row's position) and scale into the log2 domain.
+      // Mask (causal + window; keys ≥ kend lie past every row's position): only on a tile that some row of
+      // the warp does not see in full (the diagonal and window-edge tiles; warp-uniform test), a select per
+      // score. Padding rows (zero Q) see the interior tiles unmasked: their results are never stored.
+      const int lo_all = static_cast<int>(first_visible_key(whi, p.window)), hi_all = pos0 + wr0 / G;
+      if (n0 < lo_all || n0 + BN - 1 > hi_all) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1, key = n0 + j * 8 + 2 * t4 + (e & 1);
-          s[j][e] = key >= rlo[h] && key <= rpos[h] ? s[j][e] * sl : kNegInf;
-        }
-      // Online softmax per row; the row's 4 lanes reduce with xor 1, 2.
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, key = n0 + j * 8 + 2 * t4 + (e & 1);
+            s[j][e] = key >= rlo[h] && key <= rpos[h] ? s[j][e] : kNegInf;
+          }
+      }
+      // Online softmax per row in the log2 domain (scores · sl; the max of the raw scores, scaled once —
+      // sl > 0 and rounding is monotonic, so it is the max of the scaled ones); the row's 4 lanes reduce
+      // with xor 1, 2.
+      float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = kNegInf;
@@ -258,28 +293,34 @@ __device__ __forceinline__ void paged_prefill_tc_tile(const PrefillParams<T>& p,
         for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
         mx = fmaxf(mx, simt::shfl_xor(mx, 1));
         mx = fmaxf(mx, simt::shfl_xor(mx, 2));
-        const float alpha = st[h].rescale(mx, ex2);  // nothing visible yet: everything stays 0
+        alpha[h] = st[h].rescale(mx * sl, ex2);  // nothing visible yet: everything stays 0
         const float shift = st[h].shift();
         float rs = 0.f;
 #pragma unroll
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[j][e] = ex2(s[j][e] - shift);  // masked: exp2(-inf) = 0
+            s[j][e] = ex2(fmaf(s[j][e], sl, -shift));  // masked: exp2(-inf) = 0
             rs += s[j][e];
           }
-        st[h].add(alpha, rs);
+        st[h].add(alpha[h], rs);
+      }
+      // O ·= alpha, skipped when no row's max moved (alpha = 1 exactly for every row of the warp: the
+      // multiplication would be the identity; the common case once the maxima settle). Warp-uniform vote.
+      if (!simt::all(alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
         for (int t = 0; t < OT; ++t) {
-          o[t][2 * h] *= alpha;
-          o[t][2 * h + 1] *= alpha;
+          o[t][0] *= alpha[0];
+          o[t][1] *= alpha[0];
+          o[t][2] *= alpha[1];
+          o[t][3] *= alpha[1];
         }
       }
       // O += P·V. The mma multiplies every key of the tile into every row, p = 0 included, and 0·NaN = NaN:
       // a NaN / Inf in the V row of a key that some of this warp's rows cannot see (diagonal and window-edge
       // tiles) would leak into them. Such tiles (rare: non-finite V) take the exact path, which skips
       // invisible keys per row (common.cuh, NaN rule); every other tile runs the mma.
-      if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, first_visible_key(whi, p.window), pos0 + wr0 / G)) {
+      if (tc_masked_v_nonfinite<T, BN, LD, CH>(Vs, n0, lane, lo_all, hi_all)) {
         // One key per iteration; the key loop inside an 8-key column tile is not unrolled, so this path does
         // not raise the register budget of the mma path.
 #pragma unroll

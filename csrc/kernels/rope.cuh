@@ -30,12 +30,11 @@ __device__ __forceinline__ void rope_rotate_heads(T* base, int64_t heads, int64_
   }
 }
 
+// Token t of a block: its q and k heads rotated in place (nothing for a position outside [0, max_pos)).
 template <typename T, bool NEOX>
-__global__ void __launch_bounds__(256)
-rotary_embedding_kernel(const int64_t* __restrict__ positions, T* q, T* k, const float* __restrict__ cos_sin,
-                        int64_t q_stride, int64_t k_stride, int64_t Hq, int64_t Hkv, int64_t D, int64_t R,
-                        int64_t max_pos) {
-  const int64_t t = blockIdx.x;
+__device__ __forceinline__ void rope_token(int64_t t, const int64_t* __restrict__ positions, T* q, T* k,
+                                           const float* __restrict__ cos_sin, int64_t q_stride, int64_t k_stride,
+                                           int64_t Hq, int64_t Hkv, int64_t D, int64_t R, int64_t max_pos) {
   const int64_t pos = positions[t];
   if (pos < 0 || pos >= max_pos) return;
   const int64_t half = R / 2;
@@ -43,6 +42,14 @@ rotary_embedding_kernel(const int64_t* __restrict__ positions, T* q, T* k, const
   const float* sin = cos + half;
   rope_rotate_heads<T, NEOX>(q + t * q_stride, Hq, D, half, cos, sin);
   rope_rotate_heads<T, NEOX>(k + t * k_stride, Hkv, D, half, cos, sin);
+}
+
+template <typename T, bool NEOX>
+__global__ void __launch_bounds__(256)
+rotary_embedding_kernel(const int64_t* __restrict__ positions, T* q, T* k, const float* __restrict__ cos_sin,
+                        int64_t q_stride, int64_t k_stride, int64_t Hq, int64_t Hkv, int64_t D, int64_t R,
+                        int64_t max_pos) {
+  rope_token<T, NEOX>(blockIdx.x, positions, q, k, cos_sin, q_stride, k_stride, Hq, Hkv, D, R, max_pos);
 }
 
 template <typename T>

@@ -141,8 +141,8 @@ class DecoderLayer:
         q = q.view(t, c.n_heads, c.head_dim)                                   # [T, Hq, D] (token-strided views)
         k = k.view(t, c.n_kv_heads, c.head_dim)                                # [T, Hkv, D]
         v = v.view(t, c.n_kv_heads, c.head_dim)
-        self.kernels.rotary_embedding(batch.positions, q, k, cos_sin, c.rope_is_neox)
-        self.kernels.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
+        self.kernels.rotary_embedding_and_cache(batch.positions, q, k, v, cos_sin, c.rope_is_neox, k_cache, v_cache,
+                                                batch.slot_mapping)               # one launch: rope + cache write
         scale = c.head_dim ** -0.5
         if batch.decode_only:
             out = self.kernels.paged_decode_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,

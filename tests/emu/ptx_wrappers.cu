@@ -1,6 +1,7 @@
 // ptx_wrappers.cu — compiled (not run) by nvcc in tests/test_emulator.py for sm_80 and sm_90: every
 // portable.cuh wrapper must produce valid inline PTX. The same source also builds under g++ with the
 // emulator, which is what the other tests here exercise.
+#include "simt/fast_exp.cuh"
 #include "simt/portable.cuh"
 
 __global__ void every_wrapper_kernel(const __nv_bfloat16* gmem, float* out) {
@@ -31,7 +32,7 @@ __global__ void every_wrapper_kernel(const __nv_bfloat16* gmem, float* out) {
   simt::mma_m16n8k16_f16(acc, a, b, acc);
   a[0] = simt::pack_bf16x2(acc[0], acc[1]) ^ simt::pack_half2(acc[2], acc[3]) ^ r1[0];
 
-  float v = acc[0] + static_cast<float>(a[0] & 1u);
+  float v = acc[0] + static_cast<float>(a[0] & 1u) + simt::ex2_ftz(acc[1]) + simt::exp_ftz(acc[2]);
   v += simt::shfl(v, 3) + simt::shfl_xor(v, 1) + simt::shfl_up(v, 1u) + simt::shfl_down(v, 1u);
   v += simt::warp_sum(v) + simt::warp_max(v);
   v += static_cast<float>(simt::ballot(v > 0.f)) + (simt::all(v > 0.f) ? 1.f : 0.f) + (simt::any(v > 0.f) ? 1.f : 0.f);

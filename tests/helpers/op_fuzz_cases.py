@@ -78,6 +78,24 @@ def _rope_call(g: torch.Generator) -> Call:
                                      "is_neox": True}, ("q", "k"), expected)
 
 
+def _rope_cache_call(g: torch.Generator) -> Call:
+    T, Hq, Hkv, D, P, N, S = 3, 4, 2, 8, 16, 3, 4
+
+    def expected(a: dict[str, Any]) -> dict[str, torch.Tensor]:
+        q, k = a["q"].clone(), a["k"].clone()
+        k_cache, v_cache = a["k_cache"].clone(), a["v_cache"].clone()
+        ref.rotary_embedding_and_cache(a["positions"], q, k, a["v"], a["cos_sin_cache"], a["is_neox"], k_cache,
+                                       v_cache, a["slot_mapping"])
+        return {"q": q, "k": k, "k_cache": k_cache, "v_cache": v_cache}
+
+    return Call("rotary_embedding_and_cache",
+                {"positions": torch.tensor([0, 5, 15]), "q": _randn(g, T, Hq, D), "k": _randn(g, T, Hkv, D),
+                 "v": _randn(g, T, Hkv, D), "cos_sin_cache": ref.rope_cos_sin_cache(P, D, 1e4), "is_neox": True,
+                 "k_cache": _randn(g, N, S, Hkv, D), "v_cache": _randn(g, N, S, Hkv, D),
+                 "slot_mapping": torch.tensor([7, -1, 0])},
+                ("q", "k", "k_cache", "v_cache"), expected)
+
+
 def _attention_calls(g: torch.Generator) -> Iterator[Call]:
     N, S, Hq, Hkv, D, B, M = 6, 4, 4, 2, 64, 2, 3
     kc, vc = _randn(g, N, S, Hkv, D), _randn(g, N, S, Hkv, D)
@@ -269,7 +287,7 @@ def _decode_layers_calls(g: torch.Generator) -> Iterator[Call]:
 
 def valid_calls(namespace: str) -> list[Call]:
     g = torch.Generator().manual_seed(SEED)
-    calls = [*_norm_calls(g), _rope_call(g), *_attention_calls(g), *_moe_calls(g)]
+    calls = [*_norm_calls(g), _rope_call(g), _rope_cache_call(g), *_attention_calls(g), *_moe_calls(g)]
     if namespace == "mistral_kernels":
         calls.append(_linear_call(g))  # CPU-only schema
         calls.append(_qlinear_call(g))  # the emulated qlinear is a separate piece of work (CUDA kernels)

@@ -21,6 +21,9 @@ def _norm_cases() -> list[tuple[str, Callable[[], tuple]]]:
         ("fused_add_rms_norm", lambda: (x.clone(), x.clone() * 2, w, 1e-5)),
         ("silu_and_mul", lambda: (torch.empty(3, 32), x)),
         ("rotary_embedding", lambda: (pos, q.clone(), k.clone(), cache, True)),
+        ("rotary_embedding_and_cache", lambda: (pos, q.clone(), k.clone(), k * 2, cache, True,
+                                                torch.zeros(3, 4, 2, 64), torch.zeros(3, 4, 2, 64),
+                                                torch.tensor([5, -1, 0, 11]))),
     ]
 
 

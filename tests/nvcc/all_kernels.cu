@@ -15,6 +15,7 @@
 #include "kernels/quant_gemm.cuh"
 #include "kernels/quant_gemv.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/rope_cache.cuh"
 
 // Arguments are opaque to the compiler (function parameters), so every launcher and kernel is kept.
 template <typename T>
@@ -46,6 +47,8 @@ cudaError_t launch_all(const Args<T>& x) {
   acc(mk::launch_rms_norm<T, true>(x.a, x.b, x.b, x.c, x.n, x.n, 1e-5f, nullptr));
   acc(mk::launch_rotary_embedding(x.positions, x.a, x.b, x.cos_sin, x.n, x.n, x.n, x.n, x.n, x.n, x.n, x.n, true,
                                   nullptr));
+  acc(mk::launch_rotary_embedding_and_cache(x.positions, x.a, x.b, x.c, x.cos_sin, x.cache, x.slots, x.n, x.n, x.n,
+                                            x.n, x.n, x.n, x.n, x.n, x.n, true, nullptr));
   acc(mk::launch_paged_decode(x.decode, x.d, nullptr));
   acc(mk::launch_paged_prefill(x.prefill, x.n, x.d, x.d, nullptr));
   acc(mk::launch_paged_prefill_tc(x.prefill, x.n, x.d, x.d, nullptr));

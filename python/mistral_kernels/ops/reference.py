@@ -23,6 +23,7 @@ __all__ = [
     "rms_norm",
     "rope_cos_sin_cache",
     "rotary_embedding",
+    "rotary_embedding_and_cache",
     "silu_and_mul",
     # top-k MoE
     "fused_moe",
@@ -93,6 +94,22 @@ def rotary_embedding(
             rotation = torch.polar(torch.ones_like(cos), torch.atan2(sin, cos))[:, None, :]
             y = torch.view_as_real(xc * rotation).flatten(-2)
         t[..., :rot] = y.to(t.dtype)
+
+
+def rotary_embedding_and_cache(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """rotary_embedding(positions, q, k, ...) then reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)."""
+    rotary_embedding(positions, q, k, cos_sin_cache, is_neox)
+    reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
 
 
 # ---- top-k MoE ---------------------------------------------------------------------------------------

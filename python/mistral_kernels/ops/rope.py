@@ -1,6 +1,8 @@
-"""Rotary position embedding. Kernel: csrc/kernels/rope.cuh, csrc/cpu/rope.cpp.
+"""Rotary position embedding, alone or fused with the KV-cache write. Kernels: csrc/kernels/rope.cuh,
+csrc/kernels/rope_cache.cuh, csrc/cpu/rope.cpp.
 
-Shape letters: T tokens, Hq / Hkv heads, D head_dim, R rot_dim (≤ D), P max positions.
+Shape letters: T tokens, Hq / Hkv heads, D head_dim, R rot_dim (≤ D), P max positions, N num_blocks,
+S block_size.
 """
 
 from __future__ import annotations
@@ -73,3 +75,39 @@ class RopeOps(OpFamily):
             check_index_range("rotary_embedding", "positions", positions, 0, cos_sin_cache.shape[0],
                               "rows of cos_sin_cache")
         self._lib.rotary_embedding(positions, q, k, cos_sin_cache, bool(is_neox))
+
+    def rotary_embedding_and_cache(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """:meth:`rotary_embedding` of q and k, then ``reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)``
+        of the rotated k and v — one kernel launch on CUDA instead of two (a decode layer's rope and cache
+        write); the results are exactly those of the two ops.
+
+        Parameters
+        ----------
+        positions, q, k, cos_sin_cache, is_neox : as :meth:`rotary_embedding` (q and k rotated in place)
+        v : [T, Hkv, D], same dtype as k — heads and dim dense
+        k_cache, v_cache : [N, S, Hkv, D] contiguous, written at the tokens' slots
+        slot_mapping : int64 [T], each in [-1, N·S); -1 skips the token's cache write
+        """
+        op = "rotary_embedding_and_cache"
+        require_tensor(op, "positions", positions)
+        require_tensor(op, "cos_sin_cache", cos_sin_cache)
+        require_tensor(op, "k_cache", k_cache)
+        require_tensor(op, "slot_mapping", slot_mapping)
+        if cos_sin_cache.dim() == 2:  # other ranks: the op's own check names the argument
+            check_index_range(op, "positions", positions, 0, cos_sin_cache.shape[0], "rows of cos_sin_cache")
+        if k_cache.dim() == 4:
+            check_index_range(op, "slot_mapping", slot_mapping, -1, k_cache.shape[0] * k_cache.shape[1],
+                              "num_blocks*block_size; -1 skips the token")
+        self._lib.rotary_embedding_and_cache(positions, q, k, v, cos_sin_cache, bool(is_neox), k_cache, v_cache,
+                                             slot_mapping)
