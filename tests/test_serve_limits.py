@@ -1,0 +1,92 @@
+"""The server under demanding clients, live on 127.0.0.1 with the default SmolLM2 model: sampling limits
+(tiny / huge temperatures), strict field types, lone UTF-16 surrogates on a kept-alive connection, the
+request body cap while ``/health`` is timed, the log-probability bytes of multi-byte characters, and a
+stream cut at shutdown as the client sees it.
+
+Requests go through the official ``openai`` client or raw ``httpx`` (for bodies the client would not send).
+One module-scoped server runs uvicorn in a thread over an :class:`~mistral_kernels.LLM` loaded in this
+process; the shutdown test starts ``python -m mistral_kernels serve`` as a subprocess.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
+openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install '.[test]')")
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+from mistral_kernels import LLM  # noqa: E402
+from mistral_kernels.serve.app import build_app  # noqa: E402
+
+from .default_model_files import default_model_or_skip  # noqa: E402
+from .net_helpers import free_port  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NAME = "smollm2"
+MAX_BODY = 1 << 20  # the server's request body cap in this module
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@dataclass
+class Live:
+    url: str
+    llm: LLM
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
+
+    def greedy_text(self, max_tokens: int = 6) -> str:
+        r = self.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=max_tokens)
+        return r.choices[0].message.content or ""
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[Live]:
+    llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=64)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(llm, NAME, max_waiting=64), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        assert time.time() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    yield Live(f"http://127.0.0.1:{port}", llm)
+    server.should_exit = True
+    thread.join(30)
+
+
+def _error(r: httpx.Response, status: int, param: str | None) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json"), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] and err["message"], err
+    if param is not None:
+        assert param in err["message"]
+    return err
+
+
+# ------------------------------------------------------------------ temperature
+@pytest.mark.parametrize("tiny", [1e-38, 1e-6])
+def test_tiny_temperature_is_greedy(live: Live, tiny: float) -> None:
+    r = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=tiny, max_tokens=6)
+    assert r.choices[0].message.content == live.greedy_text()
+
+
+@pytest.mark.parametrize("raw", ["100", "2.5", "Infinity", "1e309", "-Infinity", "NaN"])
+def test_huge_temperature_is_400(live: Live, raw: str) -> None:
+    body = f'{{"model": "{NAME}", "messages": [{{"role": "user", "content": "hi"}}], "temperature": {raw}}}'
+    r = httpx.post(live.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    _error(r, 400, "temperature")
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        live.client().completions.create(model=NAME, prompt="hi", temperature=100, max_tokens=2)
+
