@@ -90,3 +90,20 @@ def test_huge_temperature_is_400(live: Live, raw: str) -> None:
     with pytest.raises(openai.BadRequestError, match="temperature"):
         live.client().completions.create(model=NAME, prompt="hi", temperature=100, max_tokens=2)
 
+
+# ------------------------------------------------------------------ strict field types
+@pytest.mark.parametrize("field, value", [
+    ("n", "2"), ("stream", "yes"), ("max_tokens", True), ("max_tokens", "5"), ("max_tokens", 5.0),
+    ("temperature", "0.5"), ("seed", "7"), ("logprobs", 1), ("top_logprobs", "2"), ("ignore_eos", 1),
+])
+def test_field_types_are_strict(live: Live, field: str, value: object) -> None:
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    body = {"model": NAME, "messages": CHAT, "max_tokens": 2, **extra, field: value}
+    _error(httpx.post(live.url + "/v1/chat/completions", json=body), 400, field)
+    with pytest.raises(openai.BadRequestError, match=field):
+        live.client().chat.completions.create(model=NAME, messages=CHAT, extra_body={**extra, field: value})
+
+
+def test_strict_types_still_take_ints_for_floats(live: Live) -> None:
+    r = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, top_p=1, max_tokens=3)
+    assert r.usage.completion_tokens == 3

@@ -1,11 +1,14 @@
 """OpenAI-format errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status.
 
 Every failure a client can cause ends here as a JSON error; the server stays up. Validation errors of the
-request body name the field (``param``), e.g. ``temperature``, ``messages.0.role`` or ``top_p``.
+request body name the field (``param``), e.g. ``temperature``, ``messages.0.role`` or ``top_p``. Field types
+are strict, as the OpenAI API's: ``"2"`` is not an integer, ``"yes"`` or ``1`` not a boolean, ``true`` not
+an integer (an integer is a number, though: ``temperature: 1`` is fine).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +57,8 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
     msg = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         msg = "field required"
+    elif isinstance(first.get("input"), (bool, int, float, str)) and len(str(first.get("input"))) <= 40:
+        msg += f" (got {json.dumps(first['input'])})"
     text = f"{param}: {msg}" if param else f"request body: {msg} (send a JSON object)"
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem(s))"
