@@ -31,7 +31,7 @@ from .net_helpers import free_port  # noqa: E402
 pytestmark = pytest.mark.slow
 
 NAME = "smollm2"
-MAX_BODY = 1 << 20  # the server's request body cap in this module
+MAX_BODY = 8 << 20  # the server's request body cap in this module (the default is 1 MiB)
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -52,7 +52,7 @@ class Live:
 def live() -> Iterator[Live]:
     llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=64)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(llm, NAME, max_waiting=64), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(build_app(llm, NAME, max_waiting=64, max_request_bytes=MAX_BODY), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -107,3 +107,70 @@ def test_field_types_are_strict(live: Live, field: str, value: object) -> None:
 def test_strict_types_still_take_ints_for_floats(live: Live) -> None:
     r = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, top_p=1, max_tokens=3)
     assert r.usage.completion_tokens == 3
+
+
+# ------------------------------------------------------------------ lone surrogates, kept-alive connections
+SURROGATE_BODIES = [
+    ("messages.0.content", '{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800b"}]}'),
+    ("stop", '{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "stop": "\\udfff"}'),
+    ("stop.1", '{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], '
+               '"stop": ["x", "\\ud83d"]}'),
+    ("model", '{"model": "\\ud800", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}'),
+]
+
+
+def test_lone_surrogates_are_400_and_keep_the_connection(live: Live) -> None:
+    good = {"model": NAME, "messages": CHAT, "temperature": 0, "max_tokens": 1}
+    with httpx.Client(base_url=live.url, timeout=60) as client:
+        for i in range(20):
+            param, body = SURROGATE_BODIES[i % len(SURROGATE_BODIES)]
+            r = client.post("/v1/chat/completions", content=(body % NAME if "%s" in body else body).encode(),
+                            headers={"content-type": "application/json"})
+            err = _error(r, 400, param)
+            assert "surrogate" in str(err["message"])
+            ok = client.post("/v1/chat/completions", json=good)  # same kept-alive connection
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["usage"]["completion_tokens"] == 1
+        r = client.post("/v1/completions", content=b'{"model": "%s", "prompt": ["ok", "\\udc00"]}' % NAME.encode(),
+                        headers={"content-type": "application/json"})
+        _error(r, 400, "prompt.1")
+
+
+# ------------------------------------------------------------------ body size, parsing off the event loop
+def test_body_over_the_cap_is_413(live: Live) -> None:
+    big = b'{"model": "x", "prompt": "' + b"a" * (MAX_BODY + 10) + b'"}'
+    with httpx.Client(base_url=live.url, timeout=60) as client:
+        for content in (big, iter([big[i:i + 65536] for i in range(0, len(big), 65536)])):  # sized / chunked
+            r = client.post("/v1/completions", content=content, headers={"content-type": "application/json"})
+            assert r.status_code == 413, r.text
+            err = r.json()["error"]
+            assert str(MAX_BODY) in err["message"] and "--max-request-bytes" in err["message"]
+            ok = client.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 1})
+            assert ok.status_code == 200, ok.text  # the same connection still works
+
+
+@pytest.mark.parametrize("size, status, param", [
+    (5_000_000, 400, "messages"),  # read, parsed, validated, tokenized, then too long for the context
+    (MAX_BODY + 1000, 413, None),  # read to its end (so the connection stays usable), not kept
+])
+def test_health_answers_while_a_large_body_is_handled(live: Live, size: int, status: int, param: str | None
+                                                      ) -> None:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "word " * (size // 5)}], "max_tokens": 1}
+    result: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: result.append(
+        httpx.post(live.url + "/v1/chat/completions", json=body, timeout=120)))
+    waits = []
+    with httpx.Client(base_url=live.url, timeout=60) as client:
+        client.get("/health")
+        sender.start()
+        while sender.is_alive():
+            t0 = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            waits.append(time.perf_counter() - t0)
+            time.sleep(0.02)
+    sender.join()
+    _error(result[0], status, param)
+    # /health is answered between the big request's steps, not after them (the load of other processes on
+    # the machine can delay one answer, not a whole parse and tokenization)
+    print(f"/health waits while a {size}-byte body is handled: max {max(waits):.3f} s over {len(waits)}")
+    assert len(waits) >= 3 and max(waits) < 2.5, waits

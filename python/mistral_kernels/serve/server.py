@@ -66,7 +66,8 @@ def serve_main(args: argparse.Namespace, parallel: ParallelContext | None = None
         print(f"{prefix}: stopped", file=sys.stderr, flush=True)
         return 0
     name = args.served_model_name or Path(llm.path).name
-    app = build_app(llm, name, max_waiting=args.max_waiting, mirror=EngineMirror(group) if tp else None)
+    app = build_app(llm, name, max_waiting=args.max_waiting, mirror=EngineMirror(group) if tp else None,
+                    max_request_bytes=args.max_request_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                             timeout_graceful_shutdown=args.shutdown_timeout)
     server = _Server(config, app.state.server.engine.begin_shutdown)
