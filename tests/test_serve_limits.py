@@ -174,3 +174,49 @@ def test_health_answers_while_a_large_body_is_handled(live: Live, size: int, sta
     # the machine can delay one answer, not a whole parse and tokenization)
     print(f"/health waits while a {size}-byte body is handled: max {max(waits):.3f} s over {len(waits)}")
     assert len(waits) >= 3 and max(waits) < 2.5, waits
+
+
+# ------------------------------------------------------------------ logprob bytes, the EOS entry
+def _reference_piece_bytes(live: Live) -> dict[int, bytes]:
+    """Token id → bytes, from the model file's own vocabulary read by the ``gguf`` package and spelled back
+    with transformers' GPT-2 byte alphabet (neither is this project's code)."""
+    gguf = pytest.importorskip("gguf")
+    gpt2 = pytest.importorskip("transformers.convert_slow_tokenizer")
+    path = live.llm.path
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    to_byte = {c: b for b, c in gpt2.bytes_to_unicode().items()}
+    return {i: bytes(to_byte[c] for c in t) for i, t in enumerate(tokens) if all(c in to_byte for c in t)}
+
+
+def test_logprob_bytes_of_multibyte_characters(live: Live) -> None:
+    if not str(live.llm.path).endswith(".gguf"):
+        pytest.skip("the reference reads a GGUF vocabulary")
+    ref = _reference_piece_bytes(live)
+    c = live.client()
+    messages = [{"role": "user", "content": "Repeat exactly: 🙂🙂🙂🙂"}]
+    r = c.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=16, logprobs=True,
+                                  top_logprobs=2)
+    content = r.choices[0].message.content or ""
+    entries = r.choices[0].logprobs.content
+    assert "🙂" in content and r.choices[0].finish_reason == "stop", content  # the answer this test needs
+    assert any(e.token == "\ufffd" for e in entries)  # pieces of a character: their text alone is U+FFFD ...
+    assert b"".join(bytes(e.bytes) for e in entries) == content.encode("utf-8")  # ... their bytes are real
+    ids = live.llm.tokenizer.encode(content, add_special_tokens=False)
+    assert [list(ref[i]) for i in ids] == [e.bytes for e in entries]  # the vocabulary's bytes, token by token
+    for e in entries:
+        assert e.top_logprobs[0].bytes == e.bytes  # greedy: the top alternative is the token
+        for alt in e.top_logprobs:
+            assert bytes(alt.bytes).decode("utf-8", "replace") == alt.token
+    # EOS ended the answer: chat leaves its entry out (the entries join to the content); completions keep
+    # one entry per generated token, EOS included
+    assert r.usage.completion_tokens == len(entries) + 1
+    streamed = [e for ch in c.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=16,
+                                                      logprobs=True, stream=True)
+                for choice in ch.choices if choice.logprobs is not None for e in choice.logprobs.content]
+    assert [e.bytes for e in streamed] == [e.bytes for e in entries]
+    prompt_ids = live.llm.tokenizer.apply_chat_template(messages)
+    done = c.completions.create(model=NAME, prompt=prompt_ids, temperature=0, max_tokens=16, logprobs=0)
+    assert len(done.choices[0].logprobs.tokens) == done.usage.completion_tokens == len(entries) + 1
+
