@@ -10,6 +10,11 @@ process; the shutdown test starts ``python -m mistral_kernels serve`` as a subpr
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +31,7 @@ from mistral_kernels import LLM  # noqa: E402
 from mistral_kernels.serve.app import build_app  # noqa: E402
 
 from .default_model_files import default_model_or_skip  # noqa: E402
-from .net_helpers import free_port  # noqa: E402
+from .net_helpers import free_port, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -220,3 +225,35 @@ def test_logprob_bytes_of_multibyte_characters(live: Live) -> None:
     done = c.completions.create(model=NAME, prompt=prompt_ids, temperature=0, max_tokens=16, logprobs=0)
     assert len(done.choices[0].logprobs.tokens) == done.usage.completion_tokens == len(entries) + 1
 
+
+# ------------------------------------------------------------------ a stream cut at shutdown
+def test_stream_cut_at_shutdown_is_seen_by_the_client() -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mistral_kernels", "serve", "--model", str(default_model_or_skip()),
+                             "--port", str(port), "--num-blocks", "64", "--served-model-name", NAME,
+                             "--shutdown-timeout", "1"],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url)
+        body = {"model": NAME, "messages": CHAT, "temperature": 0, "max_tokens": 400, "ignore_eos": True,
+                "stream": True, "n": 2}
+        events: list[str] = []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    if len(events) == 6:  # streaming: cut it
+                        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stdout.read() if proc.stdout else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "shutdown" and "shut down" in error["message"]
+    finishes = [c["finish_reason"] for e in events[:-2] for c in json.loads(e)["choices"] if c["finish_reason"]]
+    assert finishes == ["abort", "abort"]  # both choices, cut, not "length"

@@ -235,7 +235,9 @@ def _sse_line(obj: dict[str, Any] | str) -> str:
 async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list[list[int]], chat: bool,
                include_usage: bool, fmt: LogprobFormatter | None) -> AsyncIterator[str]:
     """Server-sent events of all choices, interleaved as their pieces arrive; aborts them when the client
-    goes away (the generator is closed or cancelled). With ``fmt``, each text chunk carries the logprobs of
+    goes away (the generator is closed or cancelled). A choice cut at shutdown ends with a chunk whose
+``finish_reason`` is ``"abort"``; an error event (code ``shutdown``) then precedes ``[DONE]``, so a client can
+tell a cut from a finish (the ``openai`` client raises on it). With ``fmt``, each text chunk carries the logprobs of
     the tokens generated since the previous chunk of its choice."""
 
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
@@ -273,7 +275,7 @@ async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list
             for i in range(len(streams)):
                 yield _sse_line({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}]})
-        open_streams = len(streams)
+        open_streams, cut = len(streams), False
         while open_streams:
             i, event = await merged.get()
             if isinstance(event, TextEvent):
@@ -283,9 +285,12 @@ async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list
             if isinstance(event, DoneEvent):
                 completions.append(event.completion)
                 yield _sse_line(chunk(i, None if chat else "", event.completion.finish_reason, ()))
-            else:
-                yield _sse_line({"error": {"message": "the server shut down before the request finished",
-                                           "type": "service_unavailable_error", "param": None, "code": "shutdown"}})
+            else:  # cut at shutdown: a last chunk that says so; the error event follows the choices
+                cut = True
+                yield _sse_line(chunk(i, None if chat else "", "abort", ()))
+        if cut:
+            yield _sse_line({"error": {"message": "the server shut down before the request finished",
+                                       "type": "service_unavailable_error", "param": None, "code": "shutdown"}})
         if include_usage:
             yield _sse_line({**head, "choices": [], "usage": _usage(prompts, completions)})
         yield _sse_line("[DONE]")

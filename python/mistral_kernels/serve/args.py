@@ -22,4 +22,5 @@ def add_serve_arguments(p: argparse.ArgumentParser, positive: Callable[[type], o
     p.add_argument("--max-request-bytes", type=positive(int), default=DEFAULT_MAX_REQUEST_BYTES,
                    help=f"largest request body in bytes; a larger one gets 413 ({DEFAULT_MAX_REQUEST_BYTES} = 1 MiB)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may take to finish after SIGINT / SIGTERM (30)")
+                   help="seconds in-flight requests may take to finish after SIGINT / SIGTERM; then they are cut: "
+                        "a stream ends with finish_reason \"abort\", an error event and [DONE] (30)")
