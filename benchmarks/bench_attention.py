@@ -2,7 +2,7 @@
 paged_prefill_attention (a first prefill and a chunk after a cached prefix), reshape_and_cache — ours
 vs the gather-then-softmax reference (mistral_kernels.reference). Mistral-7B head shapes (Hq 32,
 Hkv 8, D 128), block_size 16, shuffled physical blocks. Prints a markdown table and writes it to
-benchmarks/results/bench_attention_<dtype>.md (CPU) or gpu_attention_<dtype>.md (--device cuda).
+benchmarks/results/cpu_attention_<dtype>.md (CPU) or gpu_attention_<dtype>.md (--device cuda).
 
     python benchmarks/bench_attention.py [--dtype bf16|fp32|fp16] [--threads N] [--device cpu|cuda]
 
@@ -18,7 +18,6 @@ memory-bound, so its GB/s should approach the copy bandwidth; prefill is compute
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
@@ -27,7 +26,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, device_name, device_time, markdown_table, median_time  # noqa: E402
+from common import (DTYPES, bench_parser, command_line, copy_bandwidth_gbs, device_name,  # noqa: E402
+                    device_time, markdown_table, median_time)
 
 from mistral_kernels import ops, reference as ref  # noqa: E402
 
@@ -132,7 +132,7 @@ def cache_case(tokens: int, dtype: torch.dtype) -> Case:
 
 def main() -> None:
     global DEVICE
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
@@ -142,7 +142,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     DEVICE = args.device
     gpu = torch.device(DEVICE).type == "cuda"
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     if not gpu and dtype == torch.float16:
         parser.error("--dtype fp16 needs --device cuda (the CPU kernels take fp32 and bf16)")
 
@@ -198,8 +198,9 @@ def main() -> None:
     print(table)
     print(note)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"gpu_attention_{args.dtype}.md" if gpu else f"bench_attention_{args.dtype}.md"
-    (args.out / name).write_text(f"{where}, copy bandwidth {bw:.1f} GB/s, {dtype}\n\n{table}\n{note}")
+    name = f"gpu_attention_{args.dtype}.md" if gpu else f"cpu_attention_{args.dtype}.md"
+    (args.out / name).write_text(f"{command_line(__file__)}\n\n{where}, copy bandwidth {bw:.1f} GB/s, {dtype}\n\n"
+                                 f"{table}\n{note}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Not part of the test suite::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,13 +27,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, markdown_table  # noqa: E402
+from common import bench_parser, dtypes, copy_bandwidth_gbs, markdown_table  # noqa: E402
 
 import mistral_kernels  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
 from mistral_kernels.sampling import SamplingParams  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = dtypes("bf16", "fp32")
 
 
 def decode_rate(llm: mistral_kernels.LLM, prompt: list[int], new_tokens: int) -> float:
@@ -52,7 +51,7 @@ def llama_bench_rate(exe: str, model: Path, threads: int, new_tokens: int) -> fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--dtype", choices=[*DTYPES, "both"], default="both", help="activation dtype")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=64)

@@ -46,6 +46,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DTYPES, bench_parser  # noqa: E402
+
 PROMPT = ("You are a helpful assistant. Explain in a few sentences why the sky is blue and why sunsets "
           "are red, for a curious child.")
 
@@ -93,7 +96,7 @@ def worker(args: argparse.Namespace) -> None:
     import mistral_kernels.runner as runner_mod
 
     torch.set_num_threads(args.threads)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     llm = mistral_kernels.LLM(dtype=dtype, quantized=args.quantized == "1", max_batch=8)
     eng, model = llm.engine, llm.model
     acc: dict[str, float] = {}
@@ -182,7 +185,7 @@ def ops_worker(args: argparse.Namespace) -> None:
     from mistral_kernels.batch import AttentionBatch
 
     torch.set_num_threads(args.threads)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     llm = mistral_kernels.LLM(dtype=dtype, quantized=args.quantized == "1", max_batch=8)
     model, cache = llm.model, llm.engine.cache
     pos = 48
@@ -282,7 +285,7 @@ def driver(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--trees", default="base=/work/main/python,new=python")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=64)

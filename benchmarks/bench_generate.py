@@ -51,7 +51,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
+from common import bench_parser, dtypes, copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
 from decode_profile import DecodeProfile, profile_decode  # noqa: E402
 from roofline import StepBytes, step_bytes  # noqa: E402
 
@@ -59,7 +59,7 @@ import mistral_kernels  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
 from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = dtypes("fp32", "bf16")
 METRICS = [("prompt_tok_s", "prompt tok/s"), ("decode_tok_s_b1", "decode tok/s b=1"),
            ("decode_tok_s_b8", "decode tok/s b=8")]
 
@@ -251,7 +251,7 @@ def _target(model: str, dtype: str, native: bool, key: str, ratio: float | None,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--model", choices=["smollm2", "mistral", "mixtral", "all"], default="all")
     ap.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
     ap.add_argument("--weights", choices=["dense", "native", "both"], default="both",
@@ -267,7 +267,7 @@ def main() -> None:
     ap.add_argument("--model-cache", type=Path, default=None,
                     help="keep the random checkpoints here and reuse them (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    ap.add_argument("--out-name", default=None, help="file name in --out (default bench_generate.md / "
+    ap.add_argument("--out-name", default=None, help="file name in --out (default cpu_generate.md / "
                     "gpu_generate.md)")
     args = ap.parse_args()
     if args.new_tokens < 2 or args.prompt_tokens < 16:
@@ -333,7 +333,7 @@ def main() -> None:
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
     mode = ", decode op by op (--per-op)" if args.per_op else ""
-    out = args.out / (args.out_name or ("gpu_generate.md" if gpu else "bench_generate.md"))
+    out = args.out / (args.out_name or ("gpu_generate.md" if gpu else "cpu_generate.md"))
     text = (f"{started} – {time.strftime('%H:%M UTC', time.gmtime())}, load average {load0} at the start, "
             f"{_load()} at the end; "
             f"{where}, copy bandwidth {bw0:.1f} GB/s at the start, {args.new_tokens} new tokens, "

@@ -11,7 +11,7 @@ Models (random weights, normal × 0.02, bf16 activations and KV cache):
   mixtral  Mixtral-8x7B-shaped (the same + E 8, k 2), bf16, as many layers as fit in 45 % of the free memory
            (a whole layer is 2.8 GB: ~12 on an H100)
   q4k      the Mistral-7B shape with every matrix packed Q4_K (the LM head Q6_K; random blocks with small scales,
-           tests/quant_data.py's layout), run natively by qlinear; all 32 layers
+           tests/helpers/quant_data.py's layout), run natively by qlinear; all 32 layers
 Each runs with CUDA-graph decode on and off (``enforce_eager``), at each batch size: B prompts of
 --prompt-tokens random ids, then --new-tokens greedy tokens (ignore EOS); decode tok/s = B · (new − 1) / (last
 finish − last first token), after one warm-up run. % of roofline: tok/s over B · bandwidth / bytes of one decode
@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
+from common import bench_parser, copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
 from roofline import batch_step_bytes  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
@@ -65,7 +65,7 @@ def full_config(kind: str, smoke: bool) -> ModelConfig:
 
 def _packed(name: str, n: int, k: int, dev: str, g: torch.Generator) -> QuantizedWeight:
     """Random blocks of format ``name`` [N, K] made on the device, fp16 scale fields set small and finite."""
-    from tests.quant_data import FP16_FIELDS
+    from tests.helpers.quant_data import FP16_FIELDS
 
     f = QFORMATS[name]
     raw = torch.randint(0, 256, (n, k // f.block, f.bytes), generator=g, device=dev, dtype=torch.uint8)
@@ -124,7 +124,7 @@ def decode_rate(engine: Engine, vocab: int, batch: int, prompt_tokens: int, new_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--device", default="cuda", help="cuda[:N] (default) or cpu (with --smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny configs (any device): runs every code path quickly")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")

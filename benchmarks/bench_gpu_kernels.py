@@ -17,13 +17,12 @@ rules), a Mixtral-8x7B MoE layer (H 4096, I 14336, E 8, k 2, bf16), Mistral-7B p
 activations, and moe_qgemm (Q4_K, gated w1|w3) on the Mixtral layer. Bytes: decode attention every visible
 K/V row + q + out; prefill the same (compute-bound: 4·D FLOPs per visible (query head, key) pair); MoE
 decode the touched experts' weights + gate, prefill 2·T·k·3·I·H FLOPs; qlinear the packed weight + x + out,
-2·M·N·K FLOPs. The quantized rows need the ``gguf`` package (random blocks: tests/quant_data.py); without it
+2·M·N·K FLOPs. The quantized rows need the ``gguf`` package (random blocks: tests/helpers/quant_data.py); without it
 they are left out, and the table says so. Written to DIR/gpu_kernels.md (default benchmarks/results).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import os
@@ -38,8 +37,8 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 import bench_attention  # noqa: E402
-from common import (copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name, flushed_cuda_time,  # noqa: E402
-                    l2_bytes, l2_flush_buffer, markdown_table, median_time)
+from common import (bench_parser, copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name,  # noqa: E402
+                    flushed_cuda_time, l2_bytes, l2_flush_buffer, markdown_table, median_time)
 
 from mistral_kernels import ops  # noqa: E402
 
@@ -100,7 +99,7 @@ def moe_rows(dev: str, smoke: bool) -> list[Row]:
 
 
 def _packed(name: str, n: int, k: int, dev: str, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    from tests.quant_data import random_qweight
+    from tests.helpers.quant_data import random_qweight
 
     q, s = random_qweight(name, n, k, seed, random_bytes=True)
     return q.to(dev), None if s is None else s.to(dev)
@@ -147,7 +146,7 @@ def quant_rows(dev: str, smoke: bool) -> list[Row]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--device", default="cuda", help="cuda[:N] (default) or cpu (with --smoke: checks the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (any device): runs every code path quickly")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")

@@ -12,7 +12,6 @@ minimum is the least disturbed. Results: benchmarks/results/cpu_isa.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -20,13 +19,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs  # noqa: E402
+from common import bench_parser, dtypes, copy_bandwidth_gbs  # noqa: E402
 
 import mistral_kernels  # noqa: E402
 from mistral_kernels.default_model import default_model_path  # noqa: E402
 from mistral_kernels.sampling import SamplingParams  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = dtypes("fp32", "bf16")
 
 
 def decode_tok_s(llm: mistral_kernels.LLM, new_tokens: int) -> float:
@@ -51,7 +50,7 @@ def gemv_gbs(dtype: torch.dtype, n: int, k: int, reps: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = bench_parser(__doc__)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dtype", choices=["fp32", "bf16", "both"], default="both")
     ap.add_argument("--label", default="", help="build label for the table (e.g. before / after)")

@@ -29,7 +29,7 @@ head, not the input embedding table —, packed matrices by their packed bytes, 
 context N + G/2) / the copy bandwidth measured just before that round (benchmarks/common.py). llama.cpp's
 % uses the same bytes (its KV cache is f16, ours in the activation dtype: a few % of a step at most here).
 
-Output: a markdown report (default benchmarks/results/llamacpp_cpu.md) with the conditions (date, load
+Output: a markdown report (default benchmarks/results/cpu_llamacpp.md) with the conditions (date, load
 average at the start and the end, copy bandwidth per round, llama.cpp build), the value check and the tables.
 
 Building llama.cpp (the version vendored in PyPI's llama-cpp-python 0.3.36 sdist; ~8 minutes on 2 cores)::
@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--files", default=",".join(FILES), help=f"comma-separated subset of {','.join(FILES)}")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "llamacpp_cpu.md")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cpu_llamacpp.md")
     args = ap.parse_args()
     if args.llama_bin is None:
         ap.error("--llama-bin DIR (or LLAMA_CPP_BIN) is required: where llama-bench etc. are")

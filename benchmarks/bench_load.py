@@ -14,7 +14,7 @@ fresh process loads it with :func:`mistral_kernels.load_model` and measures:
 Never part of the test suite (a 7B-shaped checkpoint is 14.5 GB on disk and in memory)::
 
     python benchmarks/bench_load.py                       # Mistral-7B shape, HF bf16, 33 shards: ~15 GB RAM + disk
-    python benchmarks/bench_load.py --layers 6 --format gguf --gguf-type Q8_0 --out benchmarks/results/load_cpu.md
+    python benchmarks/bench_load.py --layers 6 --format gguf --gguf-type Q8_0 --out benchmarks/results/cpu_load.md
     python benchmarks/bench_load.py --layers 6 --pythonpath /path/to/other/checkout/python   # compare loaders
 """
 
@@ -35,10 +35,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
-from common import copy_bandwidth_gbs, markdown_table  # noqa: E402
+from common import bench_parser, copy_bandwidth_gbs, markdown_table  # noqa: E402
 
 from mistral_kernels.config import ModelConfig  # noqa: E402
-from tests.random_checkpoints import write_random_checkpoint  # noqa: E402
+from tests.helpers.random_checkpoints import write_random_checkpoint  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -98,7 +98,7 @@ def warm_page_cache(path: Path) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--dim", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)

@@ -23,7 +23,6 @@ its prefill is timed with few repeats.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -32,7 +31,8 @@ from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, device_name, device_time, markdown_table, median_time  # noqa: E402
+from common import (DTYPES, bench_parser, command_line, copy_bandwidth_gbs, device_name,  # noqa: E402
+                    device_time, markdown_table, median_time)
 
 from mistral_kernels import ops, reference as ref  # noqa: E402
 
@@ -86,7 +86,7 @@ def run_device(device: str, dtype: torch.dtype, token_counts: list[int], shapes:
     """The GPU table (also runs on the CPU with tiny shapes, to check the script without a GPU)."""
     es = torch.tensor([], dtype=dtype).element_size()
     bw = copy_bandwidth_gbs(device=device)
-    header = f"{device_name(device)}: copy bandwidth {bw:.0f} GB/s, {dtype}"
+    header = f"{command_line(__file__)}\n\n{device_name(device)}: copy bandwidth {bw:.0f} GB/s, {dtype}"
     print(header, flush=True)
     rows = []
     torch.set_grad_enabled(False)
@@ -130,7 +130,7 @@ def run_device(device: str, dtype: torch.dtype, token_counts: list[int], shapes:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16")
     parser.add_argument("--tokens", default=None, help="comma-separated token counts (CPU: 1,512; "
                         "GPU: 1,4,16,64,512,4096)")
@@ -140,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     gpu = torch.device(args.device).type == "cuda"
     if not gpu and dtype == torch.float16:
         parser.error("--dtype fp16 needs --device cuda (the CPU kernels take fp32 and bf16)")
@@ -197,10 +197,11 @@ def main() -> None:
     table1 = markdown_table(["shape", "T", "ours (ms)", "transformers (ms)", "reference (ms)", "vs transformers",
                              "vs reference", "achieved", "‖ours − transformers‖ / ‖transformers‖"], block_rows)
     table2 = markdown_table(["op", "shape", "ours (us)", "reference (us)", "speed-up"], op_rows)
-    header = f"copy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads, {dtype}"
+    header = (f"{command_line(__file__)}\n\ncopy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads, "
+              f"{dtype}")
     print(f"\n{header}\n\n{table1}\n\n{table2}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_moe_{args.dtype}.md").write_text(f"{header}\n\n{table1}\n\n{table2}\n")
+    (args.out / f"cpu_moe_{args.dtype}.md").write_text(f"{header}\n\n{table1}\n\n{table2}\n")
 
 
 if __name__ == "__main__":

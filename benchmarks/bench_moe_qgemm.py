@@ -12,7 +12,6 @@ Reports the minimum time per layer of each path and the packed bytes of the touc
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -23,11 +22,11 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import markdown_table  # noqa: E402
+from common import bench_parser, markdown_table  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
 from mistral_kernels.ops.quant import QFORMATS  # noqa: E402
-from tests.quant_data import random_qweight  # noqa: E402
+from tests.helpers.quant_data import random_qweight  # noqa: E402
 
 
 def best_time(fn: Callable[[], object], repeats: int = 10) -> float:
@@ -42,7 +41,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--format", default="Q4_K", choices=[f for f in QFORMATS if f != "INT8_ROWWISE"])
     ap.add_argument("--tokens", default="1,4,64")

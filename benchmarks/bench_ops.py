@@ -10,7 +10,6 @@ should approach the copy bandwidth.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, markdown_table, median_time  # noqa: E402
+from common import bench_parser, command_line, copy_bandwidth_gbs, markdown_table, median_time  # noqa: E402
 
 from mistral_kernels import ops, reference as ref  # noqa: E402
 
@@ -131,7 +130,7 @@ CASE_BUILDERS: dict[str, Callable[[torch.dtype, int], list[Case]]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
@@ -166,8 +165,9 @@ def main() -> None:
     print()
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_ops_{args.dtype}.md").write_text(
-        f"copy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads, {dtype}\n\n{table}\n")
+    (args.out / f"cpu_ops_{args.dtype}.md").write_text(
+        f"{command_line(__file__)}\n\ncopy bandwidth {bw:.1f} GB/s, {torch.get_num_threads()} threads, {dtype}\n\n"
+        f"{table}\n")
     try:
         import matplotlib
 
@@ -183,7 +183,7 @@ def main() -> None:
     ax.set_xlabel("speed-up vs torch-eager reference")
     ax.set_title(f"mistral-kernels CPU ops ({dtype}, {torch.get_num_threads()} threads)")
     fig.tight_layout()
-    fig.savefig(args.out / f"bench_ops_{args.dtype}.png", dpi=100)
+    fig.savefig(args.out / f"cpu_ops_{args.dtype}.png", dpi=100)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Prefix caching: time to first token of a request whose long prefix is cached vs not (SmolLM2, CPU).
 
     python benchmarks/bench_prefix.py [--dtype fp32|bf16] [--prefix-tokens 1000] [--suffix-tokens 24]
-                                      [--repeats 5] [--out benchmarks/results/prefix_cpu.md]
+                                      [--repeats 5] [--out benchmarks/results/cpu_prefix.md]
 
 One process, one loaded model, three engines' worth of requests (greedy, one new token, default engine
 settings: block size 16, 512-token steps):
@@ -15,7 +15,6 @@ TTFT = arrival → first token (``Completion.timings``), median over ``--repeats
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -23,17 +22,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import markdown_table  # noqa: E402
+from common import bench_parser, command_line, dtypes, markdown_table  # noqa: E402
 
 import mistral_kernels  # noqa: E402
 from mistral_kernels.engine import Engine  # noqa: E402
 from mistral_kernels.sampling import SamplingParams  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = dtypes("fp32", "bf16")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     ap.add_argument("--prefix-tokens", type=int, default=1000)
     ap.add_argument("--suffix-tokens", type=int, default=24)
@@ -84,7 +83,8 @@ def main() -> None:
               f"{on.max_tokens_per_step}-token steps.\n\n")
     print(header + table)
     if args.out:
-        args.out.write_text("# Prefix caching: time to first token (`benchmarks/bench_prefix.py`)\n\n" + header + table
+        args.out.write_text("# Prefix caching: time to first token (`benchmarks/bench_prefix.py`)\n\n"
+                            + command_line(__file__) + "\n\n" + header + table
                             + "\n")
 
 

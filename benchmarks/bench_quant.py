@@ -19,7 +19,6 @@ the K formats have no SmolLM2 rows — GGUF files keep such tensors in a 32-bloc
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -30,11 +29,11 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import markdown_table  # noqa: E402
+from common import bench_parser, markdown_table  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
 from mistral_kernels.ops.quant import QFORMATS  # noqa: E402
-from tests.quant_data import random_qweight  # noqa: E402
+from tests.helpers.quant_data import random_qweight  # noqa: E402
 
 # (model, projection) → (N, K)
 SHAPES = {
@@ -144,12 +143,12 @@ def run(threads: int, formats: list[str], m: int, parts: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--only", default="", help="one format, e.g. Q4_K (prints, writes no file)")
     parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--parts", choices=("both", "decode", "prefill"), default="both",
-                        help="which tables (prefill alone writes results/quant_cpu_prefill.md)")
+                        help="which tables (prefill alone writes results/cpu_quant_prefill.md)")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args()
     formats = [f for f in QFORMATS if not args.only or f == args.only]
@@ -162,7 +161,7 @@ def main() -> None:
     print(text)
     if not args.only:
         args.out.mkdir(parents=True, exist_ok=True)
-        name = "quant_cpu_prefill.md" if args.parts == "prefill" else "quant_cpu.md"
+        name = "cpu_quant_prefill.md" if args.parts == "prefill" else "cpu_quant.md"
         (args.out / name).write_text(text)
 
 

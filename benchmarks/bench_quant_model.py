@@ -3,7 +3,7 @@ dequantized decode / prompt tok/s, and the int8 parameter-memory table — all i
 
 1. ``7b``: writes a random GGUF of Mistral-7B-v0.3's shape in a Q4_K_M-like mix (attn_v, ffn_down, output in
    Q6_K, everything else Q4_K; random blocks with finite scales: the ``gguf`` package cannot write K-quants;
-   tests/quant_checkpoints.py), then in a fresh process loads it natively and generates a few tokens; reports
+   tests/helpers/quant_checkpoints.py), then in a fresh process loads it natively and generates a few tokens; reports
    peak RSS (VmHWM, mapped file pages included), load seconds and decode s/token. Needs ~4.5 GB of disk (the
    file is deleted after) and ~6 GB of RAM; skipped when either is short.
 2. ``smollm2``: the default model (SmolLM2-135M-Instruct Q4_1 with a Q8_0 tied head), batch 1, 2 threads,
@@ -13,13 +13,12 @@ dequantized decode / prompt tok/s, and the int8 parameter-memory table — all i
 
 Not part of the test suite::
 
-    python benchmarks/bench_quant_model.py --out benchmarks/results/quant_model_cpu.md
+    python benchmarks/bench_quant_model.py --out benchmarks/results/cpu_quant_model.md
     python benchmarks/bench_quant_model.py --skip-7b --rounds 5
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
-from common import markdown_table  # noqa: E402
+from common import bench_parser, dtypes, markdown_table  # noqa: E402
 
 from mistral_kernels.config import ModelConfig  # noqa: E402
 
@@ -43,7 +42,7 @@ import json, resource, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[2]))
 from mistral_kernels import load_model
-from tests.model_helpers import greedy_ours
+from tests.helpers.model_helpers import greedy_ours
 
 t0 = time.perf_counter()
 model = load_model(sys.argv[1])
@@ -65,7 +64,7 @@ import torch
 torch.set_num_threads(int(sys.argv[1]))
 from mistral_kernels import LLM
 from mistral_kernels.stats import weight_bytes
-dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}
+dtype = dtypes("fp32", "bf16")
 configs = json.loads(sys.argv[2])
 llms = {name: LLM(None, dtype=dtype[c["dtype"]], quantized=c["quantized"], max_batch=1, prefix_caching=False)
         for name, c in configs.items()}
@@ -91,7 +90,7 @@ def mistral_7b_q4_k_m(name: str, shape: tuple[int, ...]) -> str:
 
 
 def run_7b(threads: int, tokens: int, workdir: Path) -> dict[str, object] | None:
-    from tests.quant_checkpoints import write_quant_gguf
+    from tests.helpers.quant_checkpoints import write_quant_gguf
 
     config = ModelConfig.mistral_7b_v03()
     free_disk = shutil.disk_usage(workdir).free
@@ -155,7 +154,7 @@ def int8_table() -> list[list[str]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the SmolLM2 runs (median)")
     p.add_argument("--new-tokens", type=int, default=64, help="decode tokens per SmolLM2 run")

@@ -11,7 +11,6 @@ over the rounds and each configuration's ratio to the dequantized model of the s
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -21,11 +20,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from common import markdown_table  # noqa: E402
+from common import bench_parser, dtypes, markdown_table  # noqa: E402
 
 from mistral_kernels import LLM  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = dtypes("fp32", "bf16")
 CONFIGS = [("native", "fp32"), ("native", "bf16"), ("dequantized", "fp32"), ("dequantized", "bf16")]
 
 
@@ -38,7 +37,7 @@ def prompt_tok_per_s(llm: LLM, prompt: str) -> tuple[float, int]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--repeat", type=int, default=6, help="copies of the prompt sentence")

@@ -7,7 +7,7 @@ the clients. Output tokens come from the server's ``usage`` (``stream_options.in
 inter-token latency is the gap between successive content chunks of one stream.
 
     python benchmarks/bench_serve.py --clients 8 --requests 32 --max-tokens 32 \\
-        --out benchmarks/results/serve_cpu.md
+        --out benchmarks/results/cpu_serve.md
 """
 
 from __future__ import annotations
@@ -21,10 +21,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import httpx
 from openai import AsyncOpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import bench_parser  # noqa: E402
 
 PROMPTS = ["Write a haiku about the sea.", "Explain what a CPU cache is.", "Give three tips for learning Go.",
            "What is the capital of Italy?", "Describe a sunset in two sentences.", "Why is the sky blue?",
@@ -110,7 +114,7 @@ def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], st
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--url", help="a running server (default: start one)")
     p.add_argument("--model", help="model path for the started server (default model if omitted)")
     p.add_argument("--model-name", default="bench", help="served model name (bench)")

@@ -1,4 +1,5 @@
-"""Benchmark helpers: median wall time after warm-up (CUDA events on a GPU; optionally with the L2 cache
+"""Benchmark helpers: the command-line parser and dtype names every script shares, the command line for a
+result file's header, median wall time after warm-up (CUDA events on a GPU; optionally with the L2 cache
 flushed before every timed call), the copy bandwidth of the device (host memory or HBM, measured in the same
 run), the dense bf16 tensor-core peak of known GPUs, markdown tables.
 
@@ -8,11 +9,40 @@ bandwidth); never asserted in tests.
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
+
+
+# The dtype names of every script's --dtype flag.
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def dtypes(*names: str) -> dict[str, torch.dtype]:
+    """The part of :data:`DTYPES` a script offers, in the given order: ``dtypes("fp32", "bf16")``."""
+    return {n: DTYPES[n] for n in names}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` → ``"bf16"``."""
+    return next(n for n, d in DTYPES.items() if d == dtype)
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The parser every benchmark script starts from: its module docstring as the description, layout kept."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def command_line(script: str) -> str:
+    """The result-file line naming the running command: ``Command: `python benchmarks/bench_ops.py ...```."""
+    rel = Path(script).resolve().relative_to(Path(__file__).resolve().parents[1])
+    args = " ".join(sys.argv[1:])
+    return f"Command: `python {rel.as_posix()}{' ' + args if args else ''}`"
 
 
 def median_time(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 15, min_time: float = 0.2) -> float:

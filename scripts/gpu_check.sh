@@ -168,7 +168,7 @@ step_build() {
 
 # The cuda test cases on the GPU; every skip must have an allowed reason.
 step_cuda_tests() {
-  local args=(-q -p no:cacheprovider -p tests.no_network -rfEs -k "cuda and not emu")
+  local args=(-q -p no:cacheprovider -p tests.helpers.no_network -rfEs -k "cuda and not emu")
   py -c "import xdist" 2> /dev/null && args+=(-n 8)
   py -c "import pytest_timeout" 2> /dev/null && args+=(--timeout 120)
   # its own limit a little inside the step's, so that the tally below is still written when time runs out
@@ -225,9 +225,9 @@ step_cuda_selection() {
   grep "::" "$LOGS/collect.out" | sed 's/\[.*//' | sort | uniq -c | sort -rn | head -n 60
   [ "$n" -gt 0 ] || { echo "the cuda selection is empty"; return 1; }
   grep -q "test_quant_cuda.py::.*cuda" "$LOGS/collect.out" || { echo "no qlinear cuda test selected"; return 1; }
-  # The selection itself, offline: no socket beyond loopback, no pip download (tests/no_network.py); here the
+  # The selection itself, offline: no socket beyond loopback, no pip download (tests/helpers/no_network.py); here the
   # cuda tests skip for want of a device, after collecting and setting up what a GPU run would.
-  MK_OFFLINE=1 py -m pytest -q -p no:cacheprovider -p tests.no_network -rs -k "cuda and not emu" tests \
+  MK_OFFLINE=1 py -m pytest -q -p no:cacheprovider -p tests.helpers.no_network -rs -k "cuda and not emu" tests \
     > "$LOGS/offline.out" 2>&1
   local rc=$?
   tail -n 5 "$LOGS/offline.out"

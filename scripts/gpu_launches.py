@@ -159,7 +159,7 @@ def quant(ops: ModuleType, dev: str, g: torch.Generator) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from mistral_kernels.ops import reference as qref
     from mistral_kernels.ops.quant import QFORMATS
-    from tests.quant_data import FORMATS, random_qweight
+    from tests.helpers.quant_data import FORMATS, random_qweight
 
     n = 13  # a tail of the GEMV's row blocks and of the GEMM's 64-column tile
     for fi, name in enumerate(FORMATS):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitized op tests (issue 22): builds the extension with AddressSanitizer + UndefinedBehaviorSanitizer
+# Sanitized op tests: builds the extension with AddressSanitizer + UndefinedBehaviorSanitizer
 # (CMake MK_SANITIZE=ON: CPU kernels, glue, checks, emulated kernels and the emulator runtime; no CUDA) into
 # build/asan, then runs op tests on tiny shapes against it (MISTRAL_KERNELS_LIBRARY) with the sanitizer
 # runtimes preloaded into Python. Any report — heap overflow, use after free, UB — aborts the run.

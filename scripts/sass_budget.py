@@ -3,11 +3,11 @@
 
 One-command steps (run from the repository root with any Python ≥ 3.11; needs nvcc and cuobjdump):
     python scripts/sass_budget.py                    # measure, print the table, exit 1 if a kernel is below its floor
-    python scripts/sass_budget.py --write-results    # also write benchmarks/results/sass_budget.md
+    python scripts/sass_budget.py --write-results    # also write benchmarks/results/gpu_sass_budget.md
     python scripts/sass_budget.py --update-floors    # set every floor to today's figure minus the margin
                                                      #   (scripts/sass_budgets.toml, [floors]; review the diff)
     python scripts/sass_budget.py --save-baseline    # keep today's figures as the results' "before" column
-                                                     #   (benchmarks/results/sass_budget_baseline.json: taken
+                                                     #   (benchmarks/results/gpu_sass_budget_baseline.json: taken
                                                      #   before the kernel rework; leave it as it is after)
     python scripts/sass_budget.py --show 'paged_decode_kernel<__nv_bfloat16, 128, 4>' [--arch sm_80]
                                                      # print the hot loop's instructions
@@ -55,9 +55,9 @@ import sass_analysis  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "tests" / "nvcc" / "all_kernels.cu"
 TABLE = ROOT / "scripts" / "sass_budgets.toml"
-RESULTS = ROOT / "benchmarks" / "results" / "sass_budget.md"
+RESULTS = ROOT / "benchmarks" / "results" / "gpu_sass_budget.md"
 # The figures before the kernel rework ("<arch> <kernel>" → figure): the "before" column of RESULTS.
-BASELINE = ROOT / "benchmarks" / "results" / "sass_budget_baseline.json"
+BASELINE = ROOT / "benchmarks" / "results" / "gpu_sass_budget_baseline.json"
 CACHE = ROOT / "build" / "sass_budget"
 ARCHS = ("sm_90", "sm_80")
 # CUDA flags of the module's build (CMakeLists.txt: C++20, --expt-relaxed-constexpr, -lineinfo, diag 186).
@@ -524,7 +524,7 @@ def results_markdown(rows: list[Row], table: Table, before: dict[str, float] | N
            "Figures: memory kernels — bytes a warp requests from global memory per warp-instruction in the hot",
            "loop (LDG/LDGSTS width × 32 lanes); tensor-core kernels — the HMMA issue share (below). Floor: what CI",
            "(tests/test_sass_budget.py) holds the kernel to; target: the figure the kernel's redesign aims for;",
-           "before: the figure of the code before the kernel rework (benchmarks/results/sass_budget_baseline.json).",
+           "before: the figure of the code before the kernel rework (benchmarks/results/gpu_sass_budget_baseline.json).",
            "Warps/SM: resident warps per SM from registers, shared memory (static + the launcher's dynamic) and",
            "the launch bounds.", "", "```", ESTIMATE_MODEL, "```", "",
            "Caveat (quantized GEMV): its scale and metadata bytes are loaded per lane (sub-word LDGs whose",
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("\n".join(hot_loop_listing(SOURCE, args.arch, args.show, kind)))
         except KeyError as e:
-            print(f"sass_budget: {e.args[0]} (names as in benchmarks/results/sass_budget.md)", file=sys.stderr)
+            print(f"sass_budget: {e.args[0]} (names as in benchmarks/results/gpu_sass_budget.md)", file=sys.stderr)
             return 2
         return 0
     rows = evaluate(measure_all(), table)

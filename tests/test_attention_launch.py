@@ -1,4 +1,4 @@
-"""Launch limits and grid shapes of the attention kernels (issue 14), against mistral_kernels.reference.
+"""Launch limits and grid shapes of the attention kernels (CUDA grid and split-K limits), against mistral_kernels.reference.
 
 - a batch of more than 65535 decode sequences (grid.y limit: the launch is split into chunks);
 - partition_size far beyond the keys (clamped to one partition, not truncated to int → zeros);
@@ -26,8 +26,8 @@ from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
 
 from .conftest import Backend, assert_close
-from .model_helpers import random_model
-from .test_attention import _check_decode, _check_prefill, _to, make_paged
+from .helpers.model_helpers import random_model
+from .helpers.attention import _check_decode, _check_prefill, _to, make_paged
 
 
 def test_decode_more_than_65535_sequences(backend_one_schedule: Backend) -> None:

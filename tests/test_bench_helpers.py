@@ -18,7 +18,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.model import Model
 
-from .model_helpers import random_model
+from .helpers.model_helpers import random_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from decode_profile import profile_decode  # noqa: E402
@@ -26,7 +26,7 @@ from llamacpp_output import parse_bench_jsonl, parse_completion_timings  # noqa:
 from roofline import step_bytes  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
-from .quant_checkpoints import write_quant_gguf  # noqa: E402
+from .helpers.quant_checkpoints import write_quant_gguf  # noqa: E402
 
 LLAMA = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=256, vocab_size=320,
                     rope_is_neox=False, max_position=128)

@@ -24,8 +24,8 @@ from mistral_kernels.checkpoint import gguf_header
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.tokenization import load_tokenizer
 
-from .quant_checkpoints import Q4_K_M, write_quant_gguf
-from .random_checkpoints import write_random_checkpoint
+from .helpers.quant_checkpoints import Q4_K_M, write_quant_gguf
+from .helpers.random_checkpoints import write_random_checkpoint
 
 gguf = pytest.importorskip("gguf")
 

@@ -13,7 +13,7 @@ import pytest
 import mistral_kernels
 from mistral_kernels.cli import build_parser, main
 
-from .default_model_files import default_model_or_skip
+from .helpers.default_model_files import default_model_or_skip
 
 
 def _env() -> dict[str, str]:

@@ -16,7 +16,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.cpu_decode import FusedCpuDecode
 from mistral_kernels.model import Model
 
-from .model_helpers import fused_and_per_op_step, prefilled_caches, random_model
+from .helpers.model_helpers import fused_and_per_op_step, prefilled_caches, random_model
 
 # H = 48 and I = 40: K and I not multiples of 32 / 16 (masked tails of the GEMV and SiLU loops);
 # head_dim 16 (portable attention scan) and 64 (the AVX-512 BF16 scan); windows shorter than the sequences.

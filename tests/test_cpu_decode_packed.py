@@ -26,8 +26,8 @@ from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
 from mistral_kernels.checkpoint import load_checkpoint
 
 gguf = pytest.importorskip("gguf")
-from .model_helpers import fused_and_per_op_step, prefilled_caches  # noqa: E402
-from .quant_checkpoints import Q4_K_M, uniform, write_quant_gguf  # noqa: E402
+from .helpers.model_helpers import fused_and_per_op_step, prefilled_caches  # noqa: E402
+from .helpers.quant_checkpoints import Q4_K_M, uniform, write_quant_gguf  # noqa: E402
 
 # K-quant rows are whole 256-element super-blocks: H = I = 256. Nqkv = 512 (wq | wk 384 rows, wv 128).
 CONFIG = ModelConfig(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, hidden_dim=256, vocab_size=256,

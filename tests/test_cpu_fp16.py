@@ -21,8 +21,8 @@ from mistral_kernels import load_model
 from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.cli import main
 
-from .default_model_files import default_model_or_skip
-from .model_helpers import greedy_transformers, logits_transformers
+from .helpers.default_model_files import default_model_or_skip
+from .helpers.model_helpers import greedy_transformers, logits_transformers
 
 transformers = pytest.importorskip("transformers")
 

@@ -20,9 +20,9 @@ import torch
 import mistral_kernels as mk
 from mistral_kernels.model import Model
 
-from .default_model_files import default_model_or_skip
-from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
-from .test_smollm2 import gguf_path, ours, prompt_ids, reference  # noqa: F401  (session fixtures)
+from .helpers.default_model_files import default_model_or_skip
+from .helpers.model_helpers import greedy_ours, greedy_transformers, logits_transformers
+from .helpers.smollm2 import gguf_path, ours, prompt_ids, reference  # noqa: F401  (session fixtures)
 
 
 @pytest.fixture

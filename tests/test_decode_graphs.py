@@ -17,7 +17,7 @@ from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.decode_graphs import DecodeGraphRunner, decode_buckets
 
-from .model_helpers import random_model
+from .helpers.model_helpers import random_model
 
 DENSE = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=48, vocab_size=64,
                     max_position=96, sliding_window=20)

@@ -18,7 +18,7 @@ from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.decode_inputs import CpuDecodeInputs
 
-from .model_helpers import random_model
+from .helpers.model_helpers import random_model
 
 BLOCK, NUM_BLOCKS, MAX_POS, MAX_BATCH = 4, 400, 300, 5
 

@@ -1,4 +1,4 @@
-"""Mutation tests of the SIMT emulator's hardware checks (issue 16): each check must make a test fail on a
+"""Mutation tests of the SIMT emulator's hardware checks: each check must make a test fail on a
 kernel that has the bug it targets. The real kernel is mutated textually into a temporary copy of csrc/
 (never a switch in csrc/kernels), and the standalone program tests/emu/test_prefill_tc_pipeline.cpp is
 compiled against the copy; the same program against the real kernel is the control and must pass.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_emulator import CSRC, GXX, _clean_env, _run, _run_program, build  # noqa: F401  (build: fixture)
+from .helpers.emulator import CSRC, GXX, _clean_env, _run, _run_program, build  # noqa: F401  (build: fixture)
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not found")
 

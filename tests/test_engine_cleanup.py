@@ -1,4 +1,4 @@
-"""A failed or interrupted call leaves the engine as it found it (issue 22 item 9): an exception or
+"""A failed or interrupted call leaves the engine as it found it: an exception or
 KeyboardInterrupt inside ``Engine.run`` / ``LLM.generate``, a bad prompt in the middle of a list, and a
 ``stream()`` generator closed early or garbage-collected abort their requests — KV blocks back in the pool,
 nothing left in the scheduler queues, the kept outputs or the output processor — and requests of other
@@ -16,7 +16,7 @@ from mistral_kernels.engine import Engine
 from mistral_kernels.llm import LLM
 from mistral_kernels.sampling import SamplingParams
 
-from .test_engine import CharTokenizer, ToyModel
+from .helpers.engine import CharTokenizer, ToyModel
 
 NUM_BLOCKS = 64
 

@@ -16,7 +16,7 @@ from mistral_kernels.engine import AdmissionError, Engine
 from mistral_kernels.llm import LLM
 from mistral_kernels.sampling_params import SamplingParams
 
-from .test_engine import CharTokenizer, ToyModel
+from .helpers.engine import CharTokenizer, ToyModel
 
 TOK = CharTokenizer()
 

@@ -17,7 +17,7 @@ from mistral_kernels.request import Request, RequestTimings
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.scheduler import Scheduler, SchedulerOutput
 
-from .test_engine import ALPHABET, CharTokenizer
+from .helpers.engine import ALPHABET, CharTokenizer
 
 
 def _request(rid: int, prompt_len: int, **params: object) -> Request:

@@ -23,7 +23,7 @@ from mistral_kernels.checkpoint.hf import config_from_json
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.model import Model
 
-from .model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
+from .helpers.model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
 
 transformers = pytest.importorskip("transformers")
 
@@ -228,7 +228,7 @@ def test_llama3_gguf_with_rope_freqs_matches_transformers(tmp_path: Path) -> Non
     import math
 
     gguf = pytest.importorskip("gguf")
-    from .model_helpers import hf_to_interleaved
+    from .helpers.model_helpers import hf_to_interleaved
 
     _, _, hf, prompt = _build("llama3", tmp_path / "llama3")
     c, rope = hf.config, LLAMA3

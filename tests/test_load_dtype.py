@@ -21,7 +21,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.memory import memory_warning
 from mistral_kernels.checkpoint import Checkpoint, load_checkpoint
 
-from .random_checkpoints import write_random_checkpoint
+from .helpers.random_checkpoints import write_random_checkpoint
 
 gguf = pytest.importorskip("gguf")
 CONFIG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=128,

@@ -24,7 +24,7 @@ import torch
 
 from mistral_kernels.config import ModelConfig
 
-from .random_checkpoints import write_random_checkpoint
+from .helpers.random_checkpoints import write_random_checkpoint
 
 ALLOWANCE = 48 << 20
 SMALL = ModelConfig(dim=1024, n_layers=6, n_heads=8, n_kv_heads=2, head_dim=128, hidden_dim=3584, vocab_size=8192,

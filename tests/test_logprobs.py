@@ -12,7 +12,7 @@ from mistral_kernels.engine import Engine
 from mistral_kernels.logprobs import token_logprobs
 from mistral_kernels.sampling import MAX_LOGPROBS, SamplingParams
 
-from .test_engine import tiny_mistral  # noqa: F401  (module fixture)
+from .helpers.engine import tiny_mistral  # noqa: F401  (module fixture)
 
 transformers = pytest.importorskip("transformers")
 

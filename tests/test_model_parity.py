@@ -24,14 +24,11 @@ from mistral_kernels.checkpoint import CheckpointError, expected_shapes, load_ch
 from mistral_kernels.checkpoint.consolidated import config_from_params
 from mistral_kernels.checkpoint.hf import config_from_json
 
-from .model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
+from .helpers.model_helpers import greedy_ours, greedy_transformers, logits_transformers, save_consolidated
+
+from .helpers.model_parity import COMMON, SEQ, VOCAB, WINDOW
 
 transformers = pytest.importorskip("transformers")
-
-VOCAB, WINDOW, SEQ = 128, 16, 40
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, initializer_range=0.2,
-              rms_norm_eps=1e-5, attn_implementation="eager")
 
 
 def _hf_config(kind: str, **extra: object) -> transformers.PretrainedConfig:

@@ -14,7 +14,7 @@ import torch
 from mistral_kernels import reference as ref
 
 from .conftest import Backend, _make_backend, assert_close
-from .test_moe import _moe_weights
+from .helpers.moe import _moe_weights
 
 
 @pytest.fixture(params=["cpu", "emu-forward", "emu-reverse", "emu-random", "cuda"])

@@ -14,7 +14,7 @@ import torch
 from mistral_kernels import reference as ref
 
 from .conftest import Backend, _make_backend
-from .test_moe import _check_permutation_properties, _random_ids
+from .helpers.moe import _check_permutation_properties, _random_ids
 
 
 @pytest.fixture(params=["emu-forward", "emu-reverse", "emu-random", "cuda"])

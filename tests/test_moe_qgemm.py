@@ -12,7 +12,8 @@ roundoff of x's dtype: 2⁻⁸ bf16, 2⁻¹¹ fp16, 0 fp32):
   * one projection: |h - ref| ≤ (u_w + 2γ) · absprod [+ the int8-activation term on the CPU for bf16] where
     u_w = u when the weights may be rounded to x's dtype (the tensor-core GEMM, the CPU's bf16 tiles), then each
     side rounds once to the dtype: + u · (2 |ref| + bound). The int8 term (CPU bf16 decode with AVX512-VNNI,
-    csrc/cpu/isa/quant_kernels.h): Σ_k (max|x| of k's chunk of 32 / 254) · |W[g, n, k]|.
+    csrc/cpu/isa/quant_kernels.h): Σ_k (max|x| of k's chunk of 32 / 254) · |W[g, n, k]|; the CUDA grouped GEMV
+    with fp16 / bf16 x likewise with chunks of 16 (csrc/kernels/quant_q8x.cuh).
   * gated: with Δg, Δu the bounds of gate and up, |silu(g)·u − silu(g')·u'| ≤ 1.1·Δg·(|u| + Δu) +
     (|silu(g)| + 1.1·Δg)·Δu (silu is 1.0998-Lipschitz), then the output rounding u · (2 |ref| + bound).
 A decoding mistake (a wrong nibble, scale, expert or row) is of the order of absprod itself, far above these.
@@ -29,7 +30,7 @@ from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
 from mistral_kernels.ops.reference import dequantize
 
 from .conftest import Backend
-from .quant_data import FORMATS, random_qweight
+from .helpers.quant_data import FORMATS, Q8_BLOCK, Q8_INT8_DTYPES, int8_activation_bound, random_qweight
 
 gguf = pytest.importorskip("gguf", reason="the gguf package is not installed (the test extra: pip install gguf)")
 
@@ -55,32 +56,35 @@ def _dense(q: torch.Tensor, qtype: int, s: torch.Tensor | None) -> list[torch.Te
     return [dequantize(q[e], qtype, None if s is None else s[e]) for e in range(q.shape[0])]
 
 
-def _proj_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, cpu: bool) -> torch.Tensor:
-    """The bound of one projection's rows x [m, K] · w [N, K]ᵀ, after its rounding to x's dtype."""
+def _proj_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, cpu: bool, cuda_gemv: bool) -> torch.Tensor:
+    """The bound of one projection's rows x [m, K] · w [N, K]ᵀ, after its rounding to x's dtype. cuda_gemv: the
+    CUDA grouped GEMV ran (its fp16 / bf16 path quantizes x to int8 per 16, csrc/kernels/quant_q8x.cuh)."""
     u = UNIT[x.dtype]
     xf = x.float()
     k = x.shape[1]
     bound = (u + 2 * k * 2.0**-24) * (xf.abs() @ w.abs().T)
     if cpu and x.dtype == torch.bfloat16 and k % 32 == 0:  # int8 activations per chunk of 32
-        chunk_max = xf.abs().reshape(x.shape[0], k // 32, 32).amax(-1)
-        bound = bound + (chunk_max.repeat_interleave(32, dim=1) / 254 * (1 + 1e-5)) @ w.abs().T
+        bound = bound + int8_activation_bound(x, w, 32, slack=1e-5)
+    if cuda_gemv and x.dtype in Q8_INT8_DTYPES and k % Q8_BLOCK == 0:
+        bound = bound + int8_activation_bound(x, w)
     return bound + u * (2 * ref.abs() + bound)
 
 
 def check(backend: Backend, name: str, dtype: torch.dtype, m: int, offsets: list[int], gated: bool,
-          seed: int, k: int | None = None) -> None:
+          seed: int, k: int | None = None, n: int = N) -> None:
     qtype, k, g = QFORMATS[name].qtype, k or _k_for(name), len(offsets) - 1
-    q1, s1 = _stack(name, g, N, k, seed)
-    q3, s3 = _stack(name, g, N, k, seed + 50) if gated else (None, None)
+    q1, s1 = _stack(name, g, n, k, seed)
+    q3, s3 = _stack(name, g, n, k, seed + 50) if gated else (None, None)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 0.1).to(dtype)  # fp16: no inf gate·up
     offs = torch.tensor(offsets)
     dev = [None if t is None else t.to(backend.device) for t in (x, offs, q1, s1, q3, s3)]
     got = backend.ops.moe_qgemm(dev[0], dev[1], dev[2], qtype, *dev[3:]).cpu()
     want = reference.moe_qgemm(x, offs, q1, qtype, s1, q3, s3)
-    assert got.dtype == dtype and got.shape == (m, N)
+    assert got.dtype == dtype and got.shape == (m, n)
 
     cpu = backend.name == "cpu"
-    bound = torch.zeros(m, N)
+    cuda_gemv = not cpu and name != "INT8_ROWWISE" and -(-m // g) <= 8  # moe_qgemv_rows: the grouped GEMV
+    bound = torch.zeros(m, n)
     w1 = _dense(q1, qtype, s1)
     w3 = _dense(q3, qtype, s3) if gated else None
     for e in range(g):
@@ -89,10 +93,10 @@ def check(backend: Backend, name: str, dtype: torch.dtype, m: int, offsets: list
             continue
         a = x[r0:r1]
         gate = a.float() @ w1[e].T
-        db = _proj_bound(a, w1[e], gate, cpu)
+        db = _proj_bound(a, w1[e], gate, cpu, cuda_gemv)
         if gated:
             up = a.float() @ w3[e].T
-            du = _proj_bound(a, w3[e], up, cpu)
+            du = _proj_bound(a, w3[e], up, cpu, cuda_gemv)
             act = F.silu(gate) * up
             db = 1.1 * db * (up.abs() + du) + (F.silu(gate).abs() + 1.1 * db) * du
             db = db + UNIT[dtype] * (2 * act.abs() + db)
@@ -123,6 +127,16 @@ def test_decode_row_counts_and_large_k(backend: Backend) -> None:
         check(backend, "Q4_K", torch.bfloat16, m, offsets, True, seed=m)
     check(backend, "Q8_0", torch.float32, 8, [0, 8], False, seed=3)  # G = 1, MR 8: one slot
     check(backend, "Q4_1", torch.bfloat16, 8, [0, 3, 8], True, seed=4, k=1280)  # two x chunks (KC 1024 at MR 4)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "emu-forward", "emu-random"], indirect=True)
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "INT8_ROWWISE"])
+def test_prefill_segments_dequantized_once(backend: Backend, name: str) -> None:
+    """> 64 rows per expert, N even, K % 8 == 0: CUDA dequantizes the experts once and runs the tensor-core grouped
+    GEMM (glue/moe_quant.h moe_dequant_tc; gated with the SwiGLU fused); fp32 keeps the tile GEMM."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        check(backend, name, dtype, 200, [0, 110, 110, 200], True, seed=5, k=256, n=16)
+        check(backend, name, dtype, 200, [3, 120, 120, 197], False, seed=6, k=256, n=16)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "emu-random", "cuda"], indirect=True)

@@ -1,4 +1,4 @@
-"""NaN / Inf semantics of the attention and router kernels on every backend (issue 22, items 3, 4, 6),
+"""NaN / Inf semantics of the attention and router kernels on every backend (docs/design.md §3),
 against mistral_kernels.reference, which defines them:
 
   * NaN in q or in the K row of a key a query sees → that query's output row is NaN;
@@ -99,7 +99,7 @@ def test_prefill_masked_keys_do_not_leak(backend, dtype, window):
 
 
 def test_nan_q_propagates_not_zero(backend):
-    """Issue 22 item 3: an all-NaN q must give NaN, not the 0 of a row that saw no key (decode and prefill)."""
+    """A regression: an all-NaN q must give NaN, not the 0 of a row that saw no key (decode and prefill)."""
     kc, vc = _caches(torch.float32, 5)
     tables = torch.tensor([[0, 1, 2]], dtype=torch.int32)
     q = torch.full((1, HQ, D), NAN)

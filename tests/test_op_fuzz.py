@@ -1,6 +1,6 @@
-"""Op-level fuzz (issue 22): every raw op with wrong shapes on each dimension of each argument, other dtypes,
+"""Op-level fuzz: every raw op with wrong shapes on each dimension of each argument, other dtypes,
 None, meta tensors, non-contiguous / stride-0 layouts, written arguments aliasing inputs, extreme scalars
-(tests/op_fuzz_cases.py: the cases and the oracle). The cases run in subprocesses, many per process; a
+(tests/helpers/op_fuzz_cases.py: the cases and the oracle). The cases run in subprocesses, many per process; a
 crash or hang fails the test naming its case, and the run resumes after it so that every failure is listed.
 Seeded; ~1,000 cases per namespace in a few seconds.
 """
@@ -19,7 +19,7 @@ import torch
 
 import mistral_kernels
 
-from .op_fuzz_cases import cases
+from .helpers.op_fuzz_cases import cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def _run_all(namespace: str) -> tuple[dict[int, dict[str, str]], list[str]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     start = 0
     while start < n:
-        proc = subprocess.run([sys.executable, "-m", "tests.op_fuzz_cases", namespace, str(start), str(n)],
+        proc = subprocess.run([sys.executable, "-m", "tests.helpers.op_fuzz_cases", namespace, str(start), str(n)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         last = start - 1
         for line in proc.stdout.splitlines():
@@ -86,7 +86,7 @@ def test_wrappers_reject_placeholder_tensors_clearly(fill: str) -> None:
             f"{name}({fill}): {info.value}"
 
 
-# ---- explicit regressions of issue 22 (the fuzz above finds them too; these name them) ------------------
+# ---- explicit regressions found by the fuzz (the fuzz above finds them too; these name them) -----------
 
 
 def test_decode_rejects_q_rows_other_than_b(backend_one_schedule) -> None:
@@ -142,5 +142,41 @@ def test_rms_norm_out_may_be_x(backend_one_schedule) -> None:
     assert ops.rms_norm(x, w, out=x) is x
     torch.testing.assert_close(x, expected)
     with pytest.raises(RuntimeError, match="silu_and_mul: out is written by this op but shares memory with x"):
-        buf = torch.randn(48)  # out (contiguous) overlaps the middle of x: the partial overlap of issue 22
+        buf = torch.randn(48)  # out (contiguous) overlaps the middle of x: a partial overlap the fuzz found
         ops.silu_and_mul(buf.view(3, 16), out=buf[8:32].view(3, 8))
+
+
+# ---- decode_layers (the fuzz cases above include its own; these name what they found) ------------------
+
+
+def _decode_layers_call() -> dict:
+    from .op_fuzz_cases import valid_calls
+
+    return next(c for c in valid_calls("mistral_kernels") if c.op == "decode_layers").args
+
+
+def test_decode_layers_refuses_weights_in_written_memory() -> None:
+    """A norm or matrix inside x / residual / a cache would be overwritten while the layers run."""
+    a = _decode_layers_call()
+    for name, view in (("attn_norm", a["x"].view(-1)[:32]), ("ffn_norm", a["residual"].view(-1)[32:])):
+        args = {**a, name: [view, a[name][1]]}
+        with pytest.raises(RuntimeError, match=rf"decode_layers: (x|residual) is written by this op but shares "
+                                               rf"memory with {name}\[0\]"):
+            torch.ops.mistral_kernels.decode_layers(*args.values())
+    args = {**a, "v_cache": [a["k_cache"][0], a["v_cache"][1]]}
+    with pytest.raises(RuntimeError, match=r"decode_layers: .*_cache\[0\] is written by this op but shares memory "
+                                           r"with .*_cache\[0\]"):
+        torch.ops.mistral_kernels.decode_layers(*args.values())
+
+
+def test_decode_layers_refuses_a_slot_another_row_reads() -> None:
+    """Rows attend in parallel: row 0 writing into a block row 1 reads would race (the per-op path writes all
+    rows first)."""
+    a = _decode_layers_call()
+    tables = a["block_tables"].clone()
+    tables[1, 0] = 1  # row 1 now reads block 1, where row 0 writes slot 5
+    with pytest.raises(RuntimeError, match=r"decode_layers: row 0 writes slot 5 of block 1, which row 1 reads"):
+        torch.ops.mistral_kernels.decode_layers(*{**a, "block_tables": tables}.values())
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[0\] and slot_mapping\[1\] are both 1;"):
+        # block 0: in no row's visible blocks, written by both
+        torch.ops.mistral_kernels.decode_layers(*{**a, "slot_mapping": torch.tensor([1, 1])}.values())

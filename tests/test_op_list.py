@@ -17,7 +17,7 @@ import torch
 import mistral_kernels
 from mistral_kernels import ops, reference
 
-from .test_opcheck import CASES
+from .helpers.opcheck import CASES
 
 NATIVE, EMU = ops.NAMESPACES
 # CPU-only helper schemas (registered in mistral_kernels only) → the public function that serves them.

@@ -25,8 +25,8 @@ from mistral_kernels.parallel import (ParallelContext, ShardedModel, check_shard
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.checkpoint import load_checkpoint
 
-from .model_helpers import greedy_ours, save_consolidated
-from .net_helpers import free_port, wait_healthy
+from .helpers.model_helpers import greedy_ours, save_consolidated
+from .helpers.net_helpers import free_port, wait_healthy
 
 transformers = pytest.importorskip("transformers")
 
@@ -103,7 +103,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if name == "mixtral":
             save_consolidated(base / name / "hf", base / name / "consolidated")  # per-expert tensors
     gguf = pytest.importorskip("gguf")
-    from .test_gguf import _write_dense
+    from .helpers.gguf_helpers import _write_dense
 
     (base / "gguf").mkdir()
     _write_dense(base / "gguf" / "model.gguf", gguf.GGMLQuantizationType.Q8_0, tied=False)  # Hq 4, Hkv 2

@@ -16,8 +16,8 @@ import torch
 from mistral_kernels import reference as ref
 
 from .conftest import Backend, assert_close
-from .test_attention import _to, make_paged
-from .test_emulator import GXX, _run_program, build  # noqa: F401  (build: the session fixture)
+from .helpers.attention import _to, make_paged
+from .helpers.emulator import GXX, _run_program, build  # noqa: F401  (build: the session fixture)
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ not found")

@@ -1,5 +1,5 @@
 """ops.qlinear on CPU (csrc/cpu/quant.cpp) against reference.qlinear: the ``gguf`` package's own dequantization
-followed by a fp32 matmul. Random packed weights: tests/quant_data.py.
+followed by a fp32 matmul. Random packed weights: tests/helpers/quant_data.py.
 
 Shape letters: M rows of x, K in features, N out features, QK elements per block.
 
@@ -7,7 +7,7 @@ Tolerances (bounds, not fudge factors; ``absprod`` = |x| · |W|ᵀ, γ = K · 2�
   * fp32 x: the activations are not quantized, so both sides compute the same fp32 dot products in a different
     order: |out - ref| ≤ 2γ · absprod.
   * bf16 x, M ≤ 16 (GEMV): where the CPU has AVX512-VNNI, the activations are quantized to int8 per 32
-    (csrc/cpu/quant_kernels.h: |x - dx·q| ≤ dx / 2 with dx = max|x| / 127 over the 32), so
+    (csrc/cpu/isa/quant_kernels.h: |x - dx·q| ≤ dx / 2 with dx = max|x| / 127 over the 32), so
     |out - ref| ≤ Σ_k (max|x| of k's chunk / 254) · |W[n, k]| + 2γ · absprod — the bound applies to every
     format (those computed exactly, Q6_K and INT8_ROWWISE, are well inside it); then each side rounds once to
     bf16 (≤ 2⁻⁸ relative each).
@@ -26,7 +26,7 @@ from mistral_kernels import ops, reference
 from mistral_kernels.ops.quant import INT8_ROWWISE, QFORMATS
 from mistral_kernels.ops.reference import dequantize
 
-from .quant_data import FORMATS, random_qweight
+from .helpers.quant_data import FORMATS, random_qweight
 
 GEMV_MAX_M = 16  # kGemvMaxM in csrc/cpu/quant.cpp: larger M takes the dequantized-tile GEMM
 

@@ -24,11 +24,11 @@ from mistral_kernels.model import Model
 from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, quantize_int8
 from mistral_kernels.checkpoint import Checkpoint, CheckpointError, QuantizedFallbackWarning, load_checkpoint
 
-from .model_helpers import greedy_ours
-from .random_checkpoints import write_random_checkpoint
+from .helpers.model_helpers import greedy_ours
+from .helpers.random_checkpoints import write_random_checkpoint
 
 gguf = pytest.importorskip("gguf")
-from .quant_checkpoints import Q4_K_M, uniform, write_quant_gguf  # noqa: E402
+from .helpers.quant_checkpoints import Q4_K_M, uniform, write_quant_gguf  # noqa: E402
 
 NATIVE = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 # K-quant rows must be whole 256-element super-blocks: H = I = 256

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from mistral_kernels.cli import build_parser
 
@@ -27,7 +28,11 @@ def test_readme_has_op_examples() -> None:
 
 @pytest.mark.parametrize("index", range(len(OP_BLOCKS)))
 def test_readme_op_example_runs(index: int) -> None:
-    exec(compile(OP_BLOCKS[index], f"README.md python block {index}", "exec"), {})
+    namespace: dict[str, object] = {}
+    exec(compile(OP_BLOCKS[index], f"README.md python block {index}", "exec"), namespace)
+    results = [v for v in namespace.values() if isinstance(v, torch.Tensor)]
+    assert results and all(torch.isfinite(t.float()).all() for t in results if t.is_floating_point()), \
+        f"README python block {index} produced no tensor or a non-finite one"
 
 
 def _subcommand(name: str) -> argparse.ArgumentParser:

@@ -27,6 +27,24 @@ def test_cos_sin_cache_values() -> None:
         rope_cos_sin_cache(10, 7, 10000.0)
 
 
+@pytest.mark.parametrize(("args", "match"), [((2 * 10**8, 128), r"max_pos must be in \[0, 16777216\].*got 200000000"),
+                                             ((-1, 8), r"max_pos must be in"),
+                                             ((8, 1 << 20), r"rot_dim must be even and in \[0, 1024\]")])
+def test_cos_sin_cache_bounds(args: tuple[int, int], match: str) -> None:
+    """A table past the bounds is a ValueError naming the argument and the limit, not an allocator failure."""
+    with pytest.raises(ValueError, match=match):
+        rope_cos_sin_cache(*args, 10000.0)
+
+
+def test_cos_sin_cache_chunks_agree_with_one_pass() -> None:
+    """Rows built chunk by chunk (past 65536) equal the one-pass fp64 formula."""
+    p = torch.tensor([0, 65535, 65536, 70000], dtype=torch.float64)
+    inv = 1.0 / 1e4 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    ang = p[:, None] * inv[None]
+    expected = torch.cat([ang.cos(), ang.sin()], -1).float()
+    assert torch.equal(rope_cos_sin_cache(70001, 8, 1e4)[p.long()], expected)
+
+
 def _complex_rope(x: torch.Tensor, pos: torch.Tensor, rot: int, theta: float) -> torch.Tensor:
     """Independent interleaved formulation: (x[2i] + i x[2i+1]) · exp(i · pos · θ_i), in fp64."""
     inv = 1.0 / theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
@@ -94,8 +112,18 @@ def test_rotary_embedding_fused_qkv_views(backend: Backend) -> None:
 def test_rotary_embedding_empty(backend_one_schedule: Backend) -> None:
     dev = backend_one_schedule.device
     q, k = torch.empty(0, 4, 64, device=dev), torch.empty(0, 2, 64, device=dev)
-    backend_one_schedule.ops.rotary_embedding(torch.empty(0, dtype=torch.long, device=dev), q, k,
-                                              rope_cos_sin_cache(8, 64, 1e4, dev), True)
+    result = backend_one_schedule.ops.rotary_embedding(torch.empty(0, dtype=torch.long, device=dev), q, k,
+                                                       rope_cos_sin_cache(8, 64, 1e4, dev), True)
+    assert result is None  # in place, nothing to do
+    assert q.shape == (0, 4, 64) and k.shape == (0, 2, 64)
+    # and a non-empty call right after still rotates (an empty launch left no bad state behind)
+    q_ref, k_ref = torch.randn(1, 4, 64), torch.randn(1, 2, 64)
+    q1, k1 = q_ref.to(dev), k_ref.to(dev)
+    pos, cache = torch.tensor([3]), rope_cos_sin_cache(8, 64, 1e4)
+    backend_one_schedule.ops.rotary_embedding(pos.to(dev), q1, k1, cache.to(dev), True)
+    ref.rotary_embedding(pos, q_ref, k_ref, cache, True)
+    assert_close(q1, q_ref)
+    assert_close(k1, k_ref)
 
 
 def test_rotary_embedding_bad_inputs(backend_one_schedule: Backend) -> None:

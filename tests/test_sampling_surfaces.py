@@ -20,7 +20,7 @@ from mistral_kernels.dataclass_cli import add_fields, field_flags
 from mistral_kernels.llm import LLM
 from mistral_kernels.sampling_params import SamplingParams
 
-from .test_engine import CharTokenizer, ToyModel
+from .helpers.engine import CharTokenizer, ToyModel
 
 FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 

@@ -35,8 +35,8 @@ from mistral_kernels import LLM  # noqa: E402
 from mistral_kernels.batch import AttentionBatch  # noqa: E402
 from mistral_kernels.serve.app import build_app  # noqa: E402
 
-from .default_model_files import default_model_or_skip  # noqa: E402
-from .net_helpers import free_port, wait_healthy  # noqa: E402
+from .helpers.default_model_files import default_model_or_skip  # noqa: E402
+from .helpers.net_helpers import free_port, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from mistral_kernels.serve.async_engine import (  # noqa: E402
     AsyncEngine, DoneEvent, Overloaded, TextEvent)
 from mistral_kernels.serve.metrics import ServerMetrics  # noqa: E402
 
-from .test_engine import CharTokenizer, ToyModel  # noqa: E402
+from .helpers.engine import CharTokenizer, ToyModel  # noqa: E402
 
 
 def _engine() -> Engine:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 
-from .test_engine import CharTokenizer, ToyModel
+from .helpers.engine import CharTokenizer, ToyModel
 
 
 def _alone(prompt: str, n: int) -> list[int]:

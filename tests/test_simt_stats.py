@@ -43,7 +43,7 @@ def test_stats_off_records_nothing(emulated, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_prefill_tc_counters(emulated) -> None:
-    from .test_attention import _check_prefill
+    from .helpers.attention import _check_prefill
 
     _check_prefill(emulated, "cpu", [40, 9], [24, 9], 2, 1, 128, 16, torch.float16, None, seed=1)
     (launch,) = [s for s in emulated.simt_stats() if "paged_prefill_tc_kernel" in s.kernel]
@@ -54,7 +54,7 @@ def test_prefill_tc_counters(emulated) -> None:
 
 
 def _prefill_launch(emulated, seq_lens: list[int], q_lens: list[int], dtype: torch.dtype):
-    from .test_attention import _check_prefill
+    from .helpers.attention import _check_prefill
 
     # Hq 2, Hkv 2 (G = 1), D 64, S 16; the result is checked against the reference by _check_prefill.
     _check_prefill(emulated, "cpu", seq_lens, q_lens, 2, 2, 64, 16, dtype, None, seed=2)

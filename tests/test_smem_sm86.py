@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from .conftest import Backend, _make_backend
-from .test_attention import _check_decode, _check_prefill
-from .test_moe import _check_fused
+from .helpers.attention import _check_decode, _check_prefill
+from .helpers.moe import _check_fused
 
 SM86 = 101_376
 

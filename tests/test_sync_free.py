@@ -1,4 +1,4 @@
-"""Engine.step is free of host syncs apart from the one read of the sampled ids (issue 14).
+"""Engine.step is free of host syncs apart from the one read of the sampled ids.
 
 - The step's indices are validated once, on the host, by AttentionBatch.build (reference: the same errors the
   device checks raise, checked here on CPU), so the engine runs ``model.forward`` with the device index checks
@@ -25,7 +25,7 @@ from mistral_kernels.ops import _base
 from mistral_kernels.quant_weight import quantize_int8
 from mistral_kernels.sampling import SamplingParams
 
-from .model_helpers import random_model
+from .helpers.model_helpers import random_model
 
 CONFIG = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, hidden_dim=48, vocab_size=64,
                      max_position=128, sliding_window=12)

@@ -12,7 +12,7 @@ import pytest
 from mistral_kernels import load_tokenizer
 from mistral_kernels.tokenization import HFTokenizer, IncrementalDecoder, MistralCommonTokenizer, StreamDecoder
 
-from .default_model_files import default_model_or_skip
+from .helpers.default_model_files import default_model_or_skip
 
 TEXTS = [
     "Hello world",

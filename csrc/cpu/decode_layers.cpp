@@ -13,6 +13,9 @@
 // qtypes -1 (dense) or the qlinear format code; scales the fp32 [N_g] of INT8_ROWWISE parts (else None).
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -126,6 +129,65 @@ void parse_parts(const char* op, const Kind& kd, int64_t L, int64_t N, int64_t K
               " (one dense matrix or the packed parts of one, per layer)");
 }
 
+// Written tensors (x, residual, every k_cache / v_cache) own their bytes: pairwise disjoint, and no read tensor
+// (norms, matrix parts, scales) lies in any of them — the layers run in one call, so a weight in x's memory
+// would be overwritten before it is read. All are contiguous: byte intervals, checked sorted, O(n log n).
+struct Span {
+  std::string name;
+  uintptr_t lo, hi;
+};
+void push_span(std::vector<Span>& v, std::string name, const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  const auto lo = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  v.push_back({std::move(name), lo, lo + static_cast<uintptr_t>(t.numel() * t.element_size())});
+}
+void check_disjoint(const char* op, std::vector<Span> written, const std::vector<Span>& read) {
+  std::sort(written.begin(), written.end(), [](const Span& a, const Span& b) { return a.lo < b.lo; });
+  for (size_t i = 1; i < written.size(); ++i)
+    TORCH_CHECK(written[i].lo >= written[i - 1].hi, op, ": ", written[i].name,
+                " is written by this op but shares memory with ", written[i - 1].name,
+                "; pass separate tensors (each layer's caches and x / residual need memory of their own)");
+  for (const Span& r : read) {
+    auto it = std::upper_bound(written.begin(), written.end(), r.lo,
+                               [](uintptr_t lo, const Span& w) { return lo < w.lo; });  // first w with lo > r.lo
+    const Span* w = nullptr;
+    if (it != written.end() && it->lo < r.hi)
+      w = &*it;
+    else if (it != written.begin() && std::prev(it)->hi > r.lo)
+      w = &*std::prev(it);
+    TORCH_CHECK(w == nullptr, op, ": ", w->name, " is written by this op but shares memory with ", r.name,
+                "; pass separate tensors");
+  }
+}
+
+// Rows attend in parallel, each right after writing its own key / value, where the per-op path writes every
+// row's before any row attends: a slot one row writes must be no other row's — not written by it, and not in
+// the blocks it reads (with any of the layers' windows). The engine's batches satisfy this (a sequence writes
+// only into its own last block; shared prefix blocks are full and read-only).
+void check_written_slots(const char* op, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, int64_t S, at::IntArrayRef windows) {
+  const int64_t M = slot_mapping.size(0), MB = block_tables.size(1);
+  const int64_t* slot = slot_mapping.const_data_ptr<int64_t>();
+  const int32_t* bt = block_tables.const_data_ptr<int32_t>();
+  const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    if (slot[m] < 0) continue;
+    const int64_t block = slot[m] / S;
+    for (int64_t o = 0; o < M; ++o) {
+      if (o == m) continue;
+      TORCH_CHECK(o > m || slot[o] != slot[m], op, ": slot_mapping[", o, "] and slot_mapping[", m, "] are both ",
+                  slot[m], "; each row writes a slot of its own");
+      if (sl[o] <= 0) continue;
+      int64_t first = sl[o] - 1;
+      for (int64_t w : windows) first = std::min(first, first_visible_key(sl[o] - 1, w));
+      for (int64_t j = first / S; j <= (sl[o] - 1) / S && j < MB; ++j)
+        TORCH_CHECK(bt[o * MB + j] != block, op, ": row ", m, " writes slot ", slot[m], " of block ", block,
+                    ", which row ", o, " reads (block_tables[", o, ", ", j, "]); a row may write only a block "
+                    "no other row of the step reads");
+    }
+  }
+}
+
 // In features of w2 (= I): the K of its first part (dense [H, I]; INT8_ROWWISE [N_g, I]; blocks [N_g, R]).
 int64_t intermediate(const char* op, const at::Tensor& w2, int64_t qt) {
   TORCH_CHECK(w2.dim() == 2, op, ": w2[0] must be 2-D, got shape ", w2.sizes());
@@ -199,8 +261,6 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
     check_layer_tensor(op, "ffn_norm", l, ffn_norm[l], x, {H});
     check_layer_tensor(op, "k_cache", l, k_cache[l], x, {N, S, Hkv, D});
     check_layer_tensor(op, "v_cache", l, v_cache[l], x, {N, S, Hkv, D});
-    for (const auto* t : {&k_cache[l], &v_cache[l]})
-      check::no_overlap(op, "k_cache/v_cache", *t, {{"x", &x}, {"residual", &residual}});
   }
   // the parts of every matrix; ranges[k][l]: (first part, count) of kind k in layer l
   std::vector<decode_step::Part> parts;
@@ -214,6 +274,31 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
   check::index_range_cpu<int64_t>(op, "slot_mapping", slot_mapping, -1, N * S, "-1 or a slot < N·S of k_cache");
   for (int64_t w : std::set<int64_t>(windows.begin(), windows.end()))
     check::paged_indices_cpu(op, k_cache[0], block_tables, seq_lens, w);
+  check_written_slots(op, slot_mapping, block_tables, seq_lens, S, windows);
+  {
+    std::vector<Span> written, read;
+    push_span(written, "x", x);
+    push_span(written, "residual", residual);
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string at = "[" + std::to_string(l) + "]";
+      push_span(written, "k_cache" + at, k_cache[l]);
+      push_span(written, "v_cache" + at, v_cache[l]);
+      push_span(read, "attn_norm" + at, attn_norm[l]);
+      push_span(read, "ffn_norm" + at, ffn_norm[l]);
+    }
+    for (const Kind& kd : kinds)
+      for (size_t j = 0; j < kd.list.size(); ++j) {
+        push_span(read, std::string(kd.name) + "[" + std::to_string(j) + "]", kd.list[j]);
+        const int64_t g = kd.g0 + static_cast<int64_t>(j);
+        if (!scales.empty() && scales.get(g).has_value())
+          push_span(read, "scales[" + std::to_string(g) + "]", *scales.get(g));
+      }
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"positions", &positions},
+                                  {"slot_mapping", &slot_mapping}, {"block_tables", &block_tables},
+                                  {"seq_lens", &seq_lens}, {"cos_sin", &cos_sin}})
+      push_span(read, name, *t);
+    check_disjoint(op, std::move(written), read);
+  }
   const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
   const int64_t* pos = positions.const_data_ptr<int64_t>();
   for (int64_t m = 0; m < M; ++m)

@@ -11,7 +11,7 @@
 //     in place, x packed once per call), bf16 x by ATen's GEMM on bf16 tiles (the weights rounded to bf16 like a
 //     dense bf16 model's; oneDNN's vdpbf16ps GEMM, one thread inside the region), written into out's columns.
 //     Bound: the GEMM's FLOPs, 2·M·N·K; the dequantization adds N·K element stores per call (~5 % of a
-//     SmolLM2 projection at M = 73, benchmarks/results/quant_cpu_prefill.md).
+//     SmolLM2 projection at M = 73, benchmarks/results/cpu_quant_prefill.md).
 // Accuracy of each path: csrc/cpu/isa/quant_kernels.h; tests/test_quant_linear.py checks the bounds.
 #include <torch/library.h>
 

@@ -1,10 +1,13 @@
 // glue/moe_quant.h — moe_qgemm for the CUDA and emulated backends (MK_MOE_QUANT_OPS, csrc/checks/moe_quant.h).
 // Shapes: M rows grouped by expert, G experts, N out features, K in features.
 // Expected rows per expert ceil(M / G) ≤ 8 (decode): the grouped GEMV of kernels/moe_qgemm.cuh, gated in ONE
-// launch (SwiGLU in its epilogue); more: the grouped tile GEMM, gated as gate | up into h13 [M, 2N] (two
-// launches) + silu_and_mul. The offsets stay on the device: no host sync.
+// launch (SwiGLU in its epilogue; fp16 / bf16 x on int8 activations); > 64 with fp16 / bf16 (moe_dequant_tc):
+// the experts dequantized once + the tensor-core grouped GEMM of kernels/grouped_gemm_tc.cuh (gated fused);
+// otherwise the grouped tile GEMM, gated as gate | up into h13 [M, 2N] (two launches) + silu_and_mul. The
+// offsets stay on the device: no host sync.
 #pragma once
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
@@ -12,10 +15,27 @@
 
 #include "../checks/moe_quant.h"
 #include "../kernels/activation.cuh"
+#include "../kernels/grouped_gemm_tc.cuh"
 #include "../kernels/moe_qgemm.cuh"
 #include "common.h"
 
 namespace mk::inline MK_ABI::glue {
+
+// True when the prefill path dequantizes the experts once and runs the tensor-core grouped GEMM: fp16 / bf16,
+// more than kQGemmDequantRows expected rows per expert (each expert's dequantization is then amortized over at
+// least a 64-row tile, as qlinear's rule), and shapes grouped_gemm_tc takes (x, out rows 16-byte aligned, N
+// even). Otherwise the fused 64 × 64 tile GEMM of kernels/moe_qgemm.cuh.
+template <typename T>
+inline bool moe_dequant_tc(const MoeQArgs<T>& p, bool gated) {
+  if constexpr (!kTcType<T>) {
+    return false;
+  } else {
+    if (ceil_div(p.M, p.G) <= kQGemmDequantRows) return false;
+    // the dequantized stacks come from the allocator (16-byte aligned): stand-ins with x's alignment
+    const GroupedGemmTcArgs<T> a{p.out, p.ldo, p.x, p.K, p.x, gated ? p.x : nullptr, p.offsets, p.G, p.M, p.N, p.K};
+    return grouped_gemm_tc_supported(a);
+  }
+}
 
 // out [M, N] per segment g of expert_offsets: x · W[g]ᵀ (plain), swiglu(x·W[g]ᵀ, x·W3[g]ᵀ) (up_qweight given);
 // rows outside every segment are 0.
@@ -51,8 +71,22 @@ inline void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& ex
     using T = kernel_t<scalar_t>;
     auto run = [&]<int32_t QT>() {
       const MoeQArgs<T> p{kptr<scalar_t>(out), N, kptr<scalar_t>(x), wp, wp3, sp, sp3, offs, g, M, N, K};
-      if (moe_qgemv_rows(M, G)) {
-        check_launch(launch_moe_qgemv<T, QT>(p, stream), op);
+      if (moe_qgemv_rows(M, G)) {  // fp16 / bf16 x: the int8-activation body (x quantized once into ws)
+        at::Tensor ws;
+        if (moe_qgemv_q8_ok<T, QT>(p)) ws = at::empty({q8x_workspace_bytes(M, K)}, x.options().dtype(at::kByte));
+        check_launch(launch_moe_qgemv<T, QT>(p, stream, ws.defined() ? ws.data_ptr() : nullptr), op);
+      } else if (moe_dequant_tc<T>(p, gated)) {
+        // fp16 / bf16, > kQGemmDequantRows rows per expert: every expert's W (and W3) dequantized once to T, then
+        // the tensor-core grouped GEMM (gated: SwiGLU in its epilogue, no h13)
+        const auto dequantized = [&](const uint8_t* q, const float* sc) {
+          at::Tensor wd = at::empty({G, N, K}, x.options());
+          check_launch(launch_quant_dequantize<T, QT>(kptr<scalar_t>(wd), q, sc, G * N, K, stream), op);
+          return wd;
+        };
+        const at::Tensor wd = dequantized(wp, sp), wd3 = gated ? dequantized(wp3, sp3) : at::Tensor();
+        const GroupedGemmTcArgs<T> a{kptr<scalar_t>(out), N, kptr<scalar_t>(x), K, kptr<scalar_t>(wd),
+                                     gated ? kptr<scalar_t>(wd3) : nullptr, offs, g, M, N, K};
+        check_launch(launch_grouped_gemm_tc(a, ceil_div(M, G), stream), op);
       } else if (!gated) {
         check_launch(launch_moe_qgemm<T, QT>(p, stream), op);
       } else {

@@ -1,7 +1,13 @@
 // glue/quant.h — qlinear for the CUDA and emulated backends (MK_QUANT_OPS, csrc/checks/quant.h).
 // Shapes: M rows, K in features, N out features. M ≤ kGemvMaxRows (decode) runs the GEMV of
-// kernels/quant_gemv.cuh, larger M the tile GEMM of kernels/quant_gemm.cuh.
+// kernels/quant_gemv.cuh — for fp16 / bf16 x its int8-activation path (x quantized once per call into a
+// workspace, dp4a; error bound in kernels/quant_q8x.cuh), for fp32 x the exact one — up to kQGemmDequantRows
+// the tile GEMM of kernels/quant_gemm.cuh, above W dequantized once to x's dtype and a dense GEMM (at::mm_out:
+// cuBLAS on the GPU, the CPU's GEMM under the emulator).
 #pragma once
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 
 #include <optional>
 
@@ -34,12 +40,23 @@ inline void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwei
   MK_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
     using T = kernel_t<scalar_t>;
     auto run = [&]<int32_t QT>() {
-      const cudaError_t err =
-          quant_gemv_rows(M) ? launch_quant_gemv<T, QT>(kptr<scalar_t>(out), kptr<scalar_t>(x), wp, sp, M, N, K,
-                                                         ctx.stream())
-                             : launch_quant_gemm<T, QT>(kptr<scalar_t>(out), kptr<scalar_t>(x), wp, sp, M, N, K,
-                                                         ctx.stream());
-      check_launch(err, op);
+      if (M > kQGemmDequantRows) {  // W decoded once to x's dtype, then the dense GEMM (cuBLAS on the GPU)
+        at::Tensor wd = at::empty({N, K}, x.options());
+        check_launch(launch_quant_dequantize<T, QT>(kptr<scalar_t>(wd), wp, sp, N, K, ctx.stream()), op);
+        at::mm_out(out, x, wd.t());
+        return;
+      }
+      if (!quant_gemv_rows(M)) {
+        check_launch(launch_quant_gemm<T, QT>(kptr<scalar_t>(out), kptr<scalar_t>(x), wp, sp, M, N, K, ctx.stream()),
+                     op);
+        return;
+      }
+      // fp16 / bf16 x: the int8-activation GEMV (kernels/quant_q8x.cuh: x quantized once into the workspace)
+      at::Tensor ws;
+      if (quant_gemv_q8_ok<T, QT>(wp)) ws = at::empty({q8x_workspace_bytes(M, K)}, x.options().dtype(at::kByte));
+      check_launch(launch_quant_gemv<T, QT>(kptr<scalar_t>(out), kptr<scalar_t>(x), wp, sp, M, N, K, ctx.stream(),
+                                            ws.defined() ? ws.data_ptr() : nullptr),
+                   op);
     };
     if (qt == kInt8Rowwise) run.template operator()<kInt8Rowwise>();
     else TORCH_CHECK(with_block_qtype(qt, run), op, ": qtype ", qtype, " has no kernel");

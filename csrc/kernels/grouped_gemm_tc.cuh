@@ -25,7 +25,10 @@
 //
 // Per block and k-tile (S-stage cp.async pipeline, ≤ S-1 tiles in flight while the oldest is multiplied):
 //   cp.async 16-byte chunks of the A rows and W rows of the tile into stage kt % S (zero-filled past the
-//   segment, past N and past K: predicated loads, any M, N, K with K % 8 == 0);
+//   segment, past N and past K: predicated loads, any M, N, K with K % 8 == 0). As CUTLASS's iterators do, each
+//   thread's source pointers, their row predicates (in the segment / below N) and its chunk's k offset are
+//   computed once per block; a k-tile costs one cp.async and one pointer increment per chunk, and the
+//   ldmatrix offsets are two lane constants plus compile-time distances;
 //   warp (wm, wn) of WARPS_M × WARPS_N: rows wm·BM/WARPS_M … (MT m-tiles of 16), NT n-tiles of 8 weight rows;
 //   per 16-deep k-step: MT ldmatrix.x4 (A), NT/2 ldmatrix.x4 (B from the [n][k] rows: mma's "col" layout),
 //   MT·NT mma.sync.m16n8k16 into fp32 accumulators. A warp whose rows all lie past the segment skips its mma.
@@ -48,9 +51,16 @@
 // Budgets (MIN_BLOCKS, __launch_bounds__): decode 3 blocks/SM (≤ 170 registers; 3 × 45 KiB smem on A100),
 // medium 3 (≤ 170; 3 × 45 KiB), prefill 2 (≤ 128 registers at 256 threads; 2 × 60 KiB; on sm_86 / sm_89,
 // 100 KiB of shared memory per SM, one prefill block resides). nvcc 13, fp16 and
-// bf16 alike, plain / gated: sm_80 decode 70 / 80, medium 156 / 164, prefill 124 / 124 registers; sm_90 72 / 82,
-// 156 / 162, 124 / 124; 0 spills — checked by tests/test_nvcc_ptxas.py (no spills, the promised blocks per SM).
+// bf16 alike, plain / gated: sm_80 decode 57 / 60, medium 145 / 146, prefill 123 / 124 registers; sm_90 57 / 60,
+// 145 / 146, 127 / 128; 0 spills — checked by tests/test_nvcc_ptxas.py (no spills, the promised blocks per SM).
 //
+// Steady-state k-loop (sm_90 SASS, nvcc 13, bf16, instructions per k-tile per warp; before → after the
+// precomputed addressing): prefill 300 → 118 (32 HMMA: 10.7 → 27 % of the instructions; address / predicate
+// integer ops 198 → 56; sm_80: 111), medium 435 → 132 (32 HMMA), decode 312 → ~90 (8 HMMA; 181 per two k-tiles, which the compiler unrolls).
+// The rest per
+// prefill k-tile: 12 ldmatrix.x4, 4 cp.async, the wait / barrier / commit, stage rotation. HMMA.16816 occupies
+// its tensor pipe for several issue slots, so at 27 % of the instructions the loop is tensor-bound, not
+// issue-bound (the issue-share metric of scripts/sass_budget.py weighs this).
 // Roofline (design estimates, unmeasured on a GPU):
 //   prefill tile, per k-tile: 2·BM·BN·BK = 1.05 MFLOP; global (L2) 16 KiB → 64 FLOP/B; shared reads by
 //     ldmatrix 8 warps × (64 + 32)·32·2 B = 48 KiB → 21 FLOP/B. HBM: weights once per expert and N-tile wave,
@@ -150,39 +160,57 @@ grouped_gemm_tc_kernel(const GroupedGemmTcArgs<T> p) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / C::WARPS_N, wn = warp % C::WARPS_N;
 
-  // k-tile kt into stage s: row i < BM is A row row0 + i, row BM + i is W row i of the tile (gated: gate rows
-  // n0 … for i < BN/2, up rows n0 … for i ≥ BN/2). Chunks past the segment, N or K are zero-filled.
-  auto load = [&](int kt, int s) {
-    T* dst = smem + s * (BM + BN) * LD;
-    const int64_t k0 = static_cast<int64_t>(kt) * BK;
+  // Loads: thread tid copies chunk c = tid % CH (k offset 8c) of the tile rows tid / CH + it·RS, it < LOADS —
+  // rows < BM are A rows row0 + …, rows ≥ BM the W rows of the tile (gated: gate rows n0 … for i < BN/2, up rows
+  // n0 … above). Which operand an `it` reads is compile-time (BM, BN/2 multiples of RS), and the source pointers
+  // and their validity (row in the segment / below N) are computed here once: per k-tile a load is one cp.async
+  // and a pointer increment. Rows outside the segment / past N point at the tile's first row (in bounds) and copy
+  // 0 bytes (zero fill); chunks past K (the last tile when K % BK ≠ 0) copy 0 bytes from p.A.
+  constexpr int RS = THREADS / CH, LOADS = (BM + BN) * CH / THREADS, A_LOADS = BM / RS;
+  static_assert(THREADS % CH == 0 && BM % RS == 0 && BNO % RS == 0, "a load's operand must be compile-time");
+  const int lr = tid / CH, kc = (tid % CH) * 8;
+  const T* src[LOADS];
+  unsigned bytes[LOADS];
 #pragma unroll
-    for (int it = 0; it < (BM + BN) * CH / THREADS; ++it) {
-      const int idx = tid + it * THREADS, r = idx / CH, c = idx % CH;
-      const int64_t kg = k0 + c * 8;
-      const T* src = p.A;
-      unsigned bytes = 0;
-      if (kg < K) {
-        if (r < BM) {
-          if (row0 + r < row_end) {
-            src = p.A + (row0 + r) * p.lda + kg;
-            bytes = 16;
-          }
-        } else {
-          const int i = r - BM, io = GATED ? i % BNO : i;
-          if (n0 + io < N) {
-            src = (GATED && i >= BNO ? W3g : Wg) + (n0 + io) * K + kg;
-            bytes = 16;
-          }
-        }
-      }
-      simt::cp_async_16_zfill(dst + r * LD + c * 8, src, bytes);
+  for (int it = 0; it < LOADS; ++it) {
+    if (it < A_LOADS) {
+      const int64_t r = row0 + lr + it * RS;
+      bytes[it] = r < row_end ? 16u : 0u;
+      src[it] = p.A + (r < row_end ? r : row0) * p.lda + kc;
+    } else {
+      const int i = lr + (it - A_LOADS) * RS, io = GATED ? i % BNO : i;  // i ≥ BNO is compile-time per it
+      const int64_t n = n0 + io;
+      bytes[it] = n < N ? 16u : 0u;
+      src[it] = (GATED && (it - A_LOADS) * RS >= BNO ? W3g : Wg) + (n < N ? n : n0) * K + kc;
     }
+  }
+  T* const dst0 = smem + lr * LD + kc;  // + stage · (BM + BN)·LD + it · RS·LD
+  int64_t k_left = K - kc;  // this thread's chunk is inside K while k_left > 0
+  auto load = [&](int s) {
+    T* dst = dst0 + s * (BM + BN) * LD;
+    const bool k_ok = k_left > 0;
+#pragma unroll
+    for (int it = 0; it < LOADS; ++it) {
+      simt::cp_async_16_zfill(dst + it * RS * LD, k_ok ? src[it] : p.A, k_ok ? bytes[it] : 0u);
+      src[it] += BK;
+    }
+    k_left -= BK;
   };
 
-  // Shared W row of this warp's n-tile j (gated: j < NT/2 gate, j ≥ NT/2 the up tile of the same columns).
-  auto wrow = [&](int j) {
+  // This lane's ldmatrix element offsets in a stage: A rows of m-tile 0 (+ i·16·LD), B rows of n-tile pair jp
+  // (gated, NT = 2: a gate and an up tile need not be adjacent; lanes 0-15 address n-tile 2jp, 16-31 2jp+1).
+  auto wrow = [&](int j) {  // shared W row of this warp's n-tile j (gated: j < NT/2 gate, j ≥ NT/2 up)
     if constexpr (GATED) return (j < NTO ? 0 : BNO) + wn * NTO * 8 + (j % NTO) * 8;
     else return wn * NT * 8 + j * 8;
+  };
+  const int wrow0 = wm * MT * 16;  // this warp's first row in the tile
+  const int a_off = (wrow0 + (lane & 15)) * LD + (lane >> 4) * 8;
+  const int b_off = (BM + wrow((lane & 16) ? 1 : 0) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;  // pair 0
+  // Pair jp lies wrow(2jp) - wrow(0) rows further for both halves of the warp (a pair never straddles gate and
+  // up), a compile-time distance: the lane's offsets stay two registers.
+  constexpr auto b_pair = [](int jp) {
+    if constexpr (GATED) return ((2 * jp < NTO ? 0 : BNO) + (2 * jp % NTO) * 8) * LD;
+    else return 16 * jp * LD;
   };
 
   float acc[MT][NT][4];
@@ -191,36 +219,34 @@ grouped_gemm_tc_kernel(const GroupedGemmTcArgs<T> p) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-  const int wrow0 = wm * MT * 16;                  // this warp's first row in the tile
   const bool warp_rows = row0 + wrow0 < row_end;  // warp-uniform: any of its rows in the segment
   const int ktiles = static_cast<int>(ceil_div(K, BK));
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (s < ktiles) load(s, s);
+    if (s < ktiles) load(s);
     simt::cp_async_commit();
   }
+  int rd = 0, wr = S - 1;  // the stage multiplied / refilled at iteration kt: kt % S, (kt + S - 1) % S
   for (int kt = 0; kt < ktiles; ++kt) {
     // Tile kt's group retired (at most S-2 newer ones in flight); the barrier also tells every warp is done
     // with stage (kt-1) % S, which the prefetch below refills.
     simt::cp_async_wait<S - 2>();
     __syncthreads();
-    if (kt + S - 1 < ktiles) load(kt + S - 1, (kt + S - 1) % S);
+    if (kt + S - 1 < ktiles) load(wr);
     simt::cp_async_commit();
+    wr = wr + 1 == S ? 0 : wr + 1;
+    const T* st = smem + rd * (BM + BN) * LD;
+    rd = rd + 1 == S ? 0 : rd + 1;
     if (!warp_rows) continue;
-    const T* As = smem + (kt % S) * (BM + BN) * LD + wrow0 * LD;
-    const T* Ws = smem + (kt % S) * (BM + BN) * LD + BM * LD;
 #pragma unroll
     for (int kk = 0; kk < C::KSTEPS; ++kk) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int i = 0; i < MT; ++i) simt::ldmatrix_x4(a[i], tc_a_row(As + i * 16 * LD + kk * 16, LD, lane));
+      for (int i = 0; i < MT; ++i) simt::ldmatrix_x4(a[i], st + a_off + i * 16 * LD + kk * 16);
 #pragma unroll
       for (int jp = 0; jp < NT / 2; ++jp) {
-        // ldmatrix.x4: lanes 0-15 address n-tile 2jp (k 0-7, 8-15), lanes 16-31 n-tile 2jp+1 — the pair need
-        // not be adjacent in shared memory (gated, NT = 2: a gate and an up tile).
         uint32_t b[4];
-        const int row = wrow((lane & 16) ? 2 * jp + 1 : 2 * jp) + (lane & 7);
-        simt::ldmatrix_x4(b, Ws + row * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+        simt::ldmatrix_x4(b, st + b_off + b_pair(jp) + kk * 16);
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
         for (int i = 0; i < MT; ++i) {

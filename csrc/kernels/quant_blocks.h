@@ -74,8 +74,25 @@ MK_HD constexpr QFormat qformat(int32_t qtype) {
   return QFormat{0, "unknown", 0, 0};
 }
 
+// IEEE fp16 bits → float, exact for every input: on the GPU the hardware conversion (cvt.f32.f16, one
+// instruction), elsewhere fp16_bits_to_float (fp16_bits.h).
+MK_HD float fp16_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
+  return fp16_bits_to_float(h);
+#endif
+}
+
+// The fp16 at p (on the GPU one 2-byte load: every fp16 field of a block at kUnitAlign is 2-byte aligned).
 MK_HD float load_fp16(const uint8_t* p) {
-  return fp16_bits_to_float(static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8)));
+#if defined(__CUDA_ARCH__)
+  return fp16_to_float(*reinterpret_cast<const uint16_t*>(p));
+#else
+  return fp16_to_float(static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8)));
+#endif
 }
 
 // Q4_K / Q5_K: 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes q.

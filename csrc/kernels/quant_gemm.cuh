@@ -1,5 +1,10 @@
 // quant_gemm.cuh — dequantizing GEMM for prefill (CUDA, framework-free): out [M, N] = x [M, K] · Wᵀ with W
-// [N, K] in a quantized format of quant_blocks.h, for any M (the glue sends M > kGemvMaxRows here).
+// [N, K] in a quantized format of quant_blocks.h, for any M (the glue sends kGemvMaxRows < M ≤
+// kQGemmDequantRows here), and the one-pass dequantization W → T [N, K] the glue runs above kQGemmDequantRows
+// before a dense GEMM (cuBLAS): the tile GEMM below decodes each weight again per 64-row M tile (its k-loop,
+// sm_90 SASS: ~1,220 instructions per 32 HMMA for Q4_K, 2.6 % HMMA), so from about one M tile on decoding once
+// (~0.2 warp-instructions per weight, plus the 2-byte temporary written and read back) and the library GEMM
+// are ahead by the instruction counts (estimate: ~5× at M = 4096 on an H100).
 //
 // Shapes: M rows, N out features, K in features, R packed bytes per row; BM = BN = 64 output tile, BK = 64
 // (one K tile = 8 units of every weight row, quant_blocks.h), LD the padded shared row (elements).
@@ -18,12 +23,12 @@
 //   paged_prefill_tc.cuh's header). fp32 x → a SIMT path, no conversion: the W tile holds fp32 weights
 //   (exactly gguf's values) and each thread accumulates 8 rows × 4 columns of outputs with FMAs (LD = 68).
 // Shared memory: 2 stages × (BM + BN) × LD × sizeof: 16-bit 36,864 B, fp32 69,632 B (dynamic, opt-in).
-// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): fp16 / bf16 106–141, fp32 113–128.
-// Roofline (design estimate, unmeasured): per tile 2·64·64·64 FLOP against 64·64·2 B of x and ~64·64·0.56 B
-//   of Q4_K weights: compute-bound on the tensor cores at prefill sizes. With 4 warps × 8 mma per k-step and the
-//   unit decode on the CUDA cores (~1.5 instructions per weight per M tile), expect ~30–45 % of the mma.sync peak
-//   on A100 / H100 for M ≥ 512 (the W decode competes with ldmatrix/mma issue; a 128-row M tile would halve
-//   the decode share). fp32: the CUDA-core FMA rate, like grouped_gemm.cuh.
+// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): fp16 / bf16 116–143, fp32 119–128; the
+// dequantization 19–32.
+// Estimate (from the SASS counts above, unmeasured): the k-loop is issue-bound on the W decode (~1.2 warp-
+//   instructions per weight per M tile), 2.6 % of its instructions HMMA: ~5–10 % of the mma.sync peak, which is
+//   why it only serves 8 < M ≤ 64 (one M tile, where it reads the packed bytes once and needs no temporary).
+//   fp32: the CUDA-core FMA rate, like grouped_gemm.cuh.
 #pragma once
 
 #include <type_traits>
@@ -201,6 +206,52 @@ __device__ __forceinline__ void quant_gemm_tile(T* __restrict__ out, int64_t ldo
         if (m < M && n < N) out[m * ldo + n] = simt::from_float<T>(acc[i][j][0]);
       }
   }
+}
+
+// ---- dequantize once (the glue's path above kQGemmDequantRows: W → T [N, K], then a dense GEMM) ----------
+// Rows M above which qlinear dequantizes W once and multiplies densely (cuBLAS on the GPU) instead of running
+// the tile GEMM below: the tile GEMM decodes every weight again per 64-row M tile (~1.2 warp-instructions per
+// weight per tile, 2.6 % of its k-loop HMMA), the dequantization once per call (~0.2 warp-instructions and
+// 2 + bytes/QK bytes of memory per weight); from about one M tile on, once wins (docs/kernels.md).
+inline constexpr int64_t kQGemmDequantRows = 64;
+
+// One thread per unit (8 weights, quant_blocks.h) of W [N, K]: the two groups of 4 stored with 8- (16-bit T) or
+// 16-byte (fp32) stores; INT8_ROWWISE rows with K % 8 ≠ 0 elementwise.
+template <typename T, int32_t QT>
+__global__ void __launch_bounds__(256) quant_dequantize_kernel(T* __restrict__ out, const uint8_t* __restrict__ w,
+                                                               const float* __restrict__ scales, int64_t N, int64_t K,
+                                                               int64_t R) {
+  const int64_t units = (K + 7) / 8, id = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x;
+  if (id >= N * units) return;
+  const int64_t n = id / units;
+  const int U = static_cast<int>(id % units);
+  float y[8];
+  gemv_unit<QT>(w + n * R, U, K, QT == kInt8Rowwise ? scales[n] : 1.f, y);
+  T* row = out + n * K;
+  if (QT == kInt8Rowwise && K % 8 != 0) {
+    for (int j = 0; j < 8 && 8 * U + j < K; ++j) row[8 * U + j] = simt::from_float<T>(y[j]);
+    return;
+  }
+  const int blk0 = QT == kInt8Rowwise ? 8 * U : (U / kUnits<QT>) * qformat(QT).block;
+  const int u = U % kUnits<QT>;
+  qgemm_store4(row + blk0 + unit_elem<QT>(u, 0), y[0], y[1], y[2], y[3]);
+  qgemm_store4(row + blk0 + unit_elem<QT>(u, 1), y[4], y[5], y[6], y[7]);
+}
+
+// out [N, K] (T, contiguous, 16-byte aligned) = the decoded W (as dequant_unit / gguf, rounded once to T).
+// cudaErrorInvalidValue for K ≥ 2^31 - 8, cudaErrorMisalignedAddress for w not aligned to kUnitAlign<QT>.
+template <typename T, int32_t QT>
+cudaError_t launch_quant_dequantize(T* out, const uint8_t* w, const float* scales, int64_t N, int64_t K,
+                                    cudaStream_t stream) {
+  if (N == 0 || K == 0) return cudaSuccess;
+  if (K > 0x7fffffff - 8) return cudaErrorInvalidValue;
+  if (QT != kInt8Rowwise && (reinterpret_cast<uintptr_t>(w) % kUnitAlign<QT>) != 0) return cudaErrorMisalignedAddress;
+  if (!aligned16(out)) return cudaErrorMisalignedAddress;
+  const int64_t R = QT == kInt8Rowwise ? K : K / qformat(QT).block * qformat(QT).bytes;
+  const int64_t blocks = ceil_div(N * ((K + 7) / 8), 256);
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  return simt::launch(quant_dequantize_kernel<T, QT>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, out,
+                      w, scales, N, K, R);
 }
 
 template <typename T, int32_t QT>

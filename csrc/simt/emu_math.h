@@ -42,6 +42,20 @@ inline int __clz(int x) { return std::countl_zero(static_cast<unsigned>(x)); }
 inline int __clzll(long long x) { return std::countl_zero(static_cast<unsigned long long>(x)); }
 inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned>(x)) + 1; }
 inline int __ffsll(long long x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned long long>(x)) + 1; }
+// dp4a: the sum of the four products of the signed bytes of a and b, plus c (exact; wraps like the 32-bit GPU add).
+inline int __dp4a(int a, int b, int c) {
+  int64_t s = c;
+  for (int i = 0; i < 4; ++i)
+    s += static_cast<int64_t>(static_cast<int8_t>(a >> (8 * i))) * static_cast<int8_t>(b >> (8 * i));
+  return static_cast<int>(static_cast<uint32_t>(s));
+}
+// Float → int, round to nearest even (cvt.rni.s32.f32): NaN → 0, out-of-range values saturate.
+inline int __float2int_rn(float x) {
+  if (x != x) return 0;
+  if (x >= 2147483647.0f) return 2147483647;
+  if (x <= -2147483648.0f) return -2147483647 - 1;
+  return static_cast<int>(std::nearbyint(x));
+}
 inline unsigned __brev(unsigned x) {
   unsigned r = 0;
   for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);

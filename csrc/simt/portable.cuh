@@ -18,6 +18,7 @@
 //   ballot(pred) -> unsigned, all(pred) / any(pred) -> bool
 //   warp_sum(v) warp_max(v) block_sum(v, scratch)                       reductions (fp32)
 //   to_float(x) from_float<T>(f) pack_bf16x2(lo, hi) pack_half2(lo, hi)  conversions
+//   dp4a(a, b, c)                                                        int8 dot product (4 lanes)
 //   mma_m16n8k16_bf16(d, a, b, c) mma_m16n8k16_f16(d, a, b, c)          tensor cores (sm_80)
 //   ldmatrix_x1/x2/x4(r, smem_row_ptr) and ..._trans                    shared → mma fragments (sm_75)
 //   cp_async_ca<4|8|16>(smem, gmem) cp_async_cg(smem, gmem) cp_async_16(smem, gmem)
@@ -107,6 +108,10 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, shfl_xor(v, m));
   return v;
 }
+
+// ---- integer dot product (sm_61+) -------------------------------------------------------------------
+// dp4a(a, b, c) = c + Σ_i a_i · b_i over the four signed bytes of a and b (dp4a.s32.s32; the emulator's is exact).
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
 // Scalar conversions used by templated kernels: to_float(x) / from_float<T>(f).
 __device__ __forceinline__ float to_float(float x) { return x; }

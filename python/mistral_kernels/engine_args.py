@@ -49,6 +49,8 @@ class EngineArgs:
                                  "them natively on their packed blocks")
     quantize: str | None = _f(None, "quantize every weight matrix at load: int8 = int8 weight-only, one scale per "
                                     "output row", choices=("int8",))
+    check_tensors: bool = _f(False, "scan every weight for inf / NaN at load (one pass over the weights; see the "
+                                    "README)")
     tp: int = _f(1, "tensor-parallel ranks; must equal the processes torchrun starts; with serve rank 0 listens (1)")
     moe_parallel: str = _f("expert", "with --tp, MoE experts split whole over the ranks (expert, default) or "
                                      "each expert's intermediate dim split (tensor)", choices=("expert", "tensor"))
@@ -83,7 +85,7 @@ class EngineArgs:
                 "max_batch": self.max_batch, "block_size": self.block_size, "num_blocks": self.num_blocks,
                 "max_tokens_per_step": self.max_tokens_per_step, "tokenizer": self.tokenizer,
                 "prefix_caching": self.enable_prefix_caching, "enforce_eager": self.enforce_eager,
-                "quantized": not self.dequantize, "quantize": self.quantize}
+                "quantized": not self.dequantize, "quantize": self.quantize, "check_tensors": self.check_tensors}
 
 
 def _check_field(name: str, value: Any) -> None:

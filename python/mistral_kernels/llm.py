@@ -59,6 +59,9 @@ class LLM:
         dequantizes them at load into ``dtype`` (the behaviour before native quantized kernels).
     quantize : ``"int8"``: quantize every matrix at load to int8 weight-only (per output row scales; HF,
         consolidated or GGUF checkpoints). None (default): keep the checkpoint's weights.
+    check_tensors : scan every weight for inf / NaN at load (llama.cpp's ``--check-tensors``; one pass over
+        the weights, cost in the README's "Loading" section). Without it non-finite values are still refused
+        wherever loading touches every value (conversion, dequantization, quantization, GGUF block scales).
     """
 
     def __init__(self, path: str | Path | Checkpoint | None = None, *, device: str | torch.device = "cpu",
@@ -66,7 +69,8 @@ class LLM:
                  num_blocks: int | None = None, max_tokens_per_step: int = 512,
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None, prefix_caching: bool = True,
-                 enforce_eager: bool = False, quantized: bool = True, quantize: str | None = None) -> None:
+                 enforce_eager: bool = False, quantized: bool = True, quantize: str | None = None,
+                 check_tensors: bool = False) -> None:
         if path is None:
             from .default_model import default_model_path
 
@@ -87,7 +91,7 @@ class LLM:
                 if warning is not None:
                     warnings.warn(warning, MemoryWarning, stacklevel=2)
             self.model = load_model(ckpt, device=device, dtype=dtype, progress=progress, parallel=parallel,
-                                    quantized=quantized, quantize=quantize)
+                                    quantized=quantized, quantize=quantize, check_tensors=check_tensors)
             self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else ckpt)
         finally:
             if ckpt is not path:

@@ -20,7 +20,7 @@ __all__ = ["load_model"]
 
 def load_model(checkpoint: Checkpoint | str | Path, *, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None, progress: bool = False, parallel: ParallelContext | None = None,
-               quantized: bool = True, quantize: str | None = None) -> Model:
+               quantized: bool = True, quantize: str | None = None, check_tensors: bool = False) -> Model:
     """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (:mod:`.checkpoint`): an
     open :class:`~mistral_kernels.checkpoint.Checkpoint` (left open) or a path (opened once, closed after).
 
@@ -35,12 +35,13 @@ def load_model(checkpoint: Checkpoint | str | Path, *, device: torch.device | st
     ``dtype`` sets activations, norms, embedding and KV cache); False dequantizes them all. ``quantize="int8"``:
     every matrix becomes int8 weight-only (per output row scales). See :mod:`mistral_kernels.checkpoint.packing`.
     With ``parallel`` the weights are dense (a GGUF is dequantized; ``quantize`` is refused).
+    ``check_tensors``: also scan every dense weight for inf / NaN (:meth:`Checkpoint.load`).
     """
     if parallel is not None and quantize is not None:
         raise ValueError("quantize (--quantize) is not supported with tensor parallelism (--tp)")
     with opened(checkpoint) as ckpt:
         if parallel is None:
             return Model(ckpt.config, ckpt.load(device, dtype, progress=progress, quantized=quantized,
-                                                quantize=quantize))
-        weights = ckpt.load(device, dtype, progress=progress, shard=parallel.shard)
+                                                quantize=quantize, check_tensors=check_tensors))
+        weights = ckpt.load(device, dtype, progress=progress, shard=parallel.shard, check_tensors=check_tensors)
         return ShardedModel(ckpt.config, weights, parallel)

@@ -3,7 +3,7 @@ device (an error), checked before loading.
 
 A model that does not fit is otherwise found out by the OOM killer, minutes into loading. The estimate is
 the weights (parameter count × element size; the loader's peak is the weights plus a bounded scratch,
-see weights.py) plus the KV cache pool (blocks × block size × bytes per token).
+see checkpoint/tensor_io.py) plus the KV cache pool (blocks × block size × bytes per token).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def memory_warning(config: ModelConfig, dtype: torch.dtype, device: torch.device
     """A message when weights + a KV cache of ``kv_tokens`` tokens in ``dtype`` exceed ``available`` bytes
     (default: :func:`available_memory`), else None. The message gives the numbers and what to change.
     ``weight_bytes``: the weights' size when known (packed formats,
-    :func:`mistral_kernels.weight_footprint.weight_footprint`); default parameters × dtype size."""
+    :func:`mistral_kernels.checkpoint.footprint.weight_footprint`); default parameters × dtype size."""
     available = available_memory(device) if available is None else available
     if available is None:
         return None

@@ -53,7 +53,7 @@ def fp32_logits(y: torch.Tensor) -> torch.Tensor:
     A cast of more than 32768 elements opens an OpenMP region, whose wake-up and join cost more than the
     cast of one decode step's logits (SmolLM2: V = 49152): microseconds on an idle machine, a time slice
     (milliseconds) on a loaded one, where the pool's threads are not running (benchmarks/results/
-    engine_overhead.md). Up to ``_SERIAL_LOGITS`` elements the cast runs in pieces below ATen's grain, on
+    cpu_engine_overhead.md). Up to ``_SERIAL_LOGITS`` elements the cast runs in pieces below ATen's grain, on
     this thread; larger outputs (prefill logits of many rows) keep the parallel cast.
     """
     n = y.numel()
@@ -160,12 +160,13 @@ class DecoderLayer:
 
 
 class Model:
-    """A decoder with fused weights (see :mod:`mistral_kernels.weights` for the names and shapes).
+    """A decoder with fused weights (see :mod:`mistral_kernels.checkpoint.naming` for the names and shapes).
 
     Parameters
     ----------
     config : the architecture
-    weights : fused weights, all of one dtype and device (from :func:`~mistral_kernels.weights.load_checkpoint`);
+    weights : fused weights, all of one dtype and device (from
+        :func:`~mistral_kernels.checkpoint.base.load_checkpoint`);
         the matrices may be packed (:mod:`mistral_kernels.quant_weight`: GGUF blocks or int8 rows, on the same
         device), which ``ops.linear`` and the MoE block dispatch on; a tied model with a packed embedding
         passes its packed head as ``lm_head`` (the embedding itself is dense)

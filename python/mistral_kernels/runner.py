@@ -8,7 +8,7 @@ It owns the paged KV cache and the shared random generator. Only the chunks that
 request's known tokens sample (``logits_indices``, computed by :meth:`AttentionBatch.build`); the sampled
 ids [N] are read back once per step — the runner's only device → host transfer.
 
-No host sync in a step (issue 14): the step's index tensors are validated once, on the host lists, by
+No host sync in a step (tests/test_sync_free.py): the step's index tensors are validated once, on the host lists, by
 :meth:`AttentionBatch.build` (block ids against the pool, positions against the model), then copied
 without a sync (:mod:`.transfer`), and ``model.forward`` runs with the device index checks off
 (:func:`mistral_kernels.ops.device_index_checks`). Decode steps (every chunk one new token that samples)

@@ -1,7 +1,7 @@
 // test_mem_efficiency.cpp — the MK_SIMT_STATS memory counters (csrc/simt/emu_stats.h) on the real kernels,
-// built by tests/test_mem_efficiency.py with every load and store instrumented (-fsanitize=kernel-address,
+// built by tests/test_emulator.py with every load and store instrumented (-fsanitize=kernel-address,
 // outline calls into the emulator): per warp-level instruction, global 32-byte sectors vs bytes used and
-// shared-memory bank conflicts. Assertions (issue 16):
+// shared-memory bank conflicts. Assertions (the memory-efficiency floors of the emulator's hardware checks):
 //   paged_decode_kernel      K / V cache loads ≥ 90 % sector efficiency (fp32 / bf16, D 128 / 80);
 //   paged_prefill_tc_kernel  ldmatrix conflict-free for every D; shared stores (cp.async, epilogue)
 //                            conflict-free for D 64 / 128 / 256 (D 80 / 96: reported — the header notes a

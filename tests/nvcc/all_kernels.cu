@@ -22,6 +22,7 @@ struct Args {
   T *a, *b, *c;
   float *w, *cos_sin;
   uint8_t* packed;
+  void* workspace;
   int32_t *ids, *inv_perm, *counts, *rank;
   int64_t *offsets, *slots, *positions;
   mk::PagedKV<T> cache;
@@ -55,18 +56,24 @@ cudaError_t launch_all(const Args<T>& x) {
   acc(mk::launch_grouped_gemm_tc(plain, x.n, nullptr));
   acc(mk::launch_grouped_gemm_tc(gated, x.n, nullptr));
   // qlinear: GEMV (every MR) and GEMM for every format of MK_QTYPES
-#define MK_ALL_QUANT(code, name, qk, nb)                                                 \
-  acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr)); \
-  acc(mk::launch_quant_gemm<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));
+  // (with a workspace: the int8-activation GEMV for fp16 / bf16 and the x quantization; the dequantization of
+  // the large-M path)
+#define MK_ALL_QUANT(code, name, qk, nb)                                                              \
+  acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));              \
+  acc(mk::launch_quant_gemv<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr, x.workspace)); \
+  acc(mk::launch_quant_gemm<T, mk::code>(x.a, x.b, x.packed, x.w, x.n, x.n, x.n, nullptr));              \
+  acc(mk::launch_quant_dequantize<T, mk::code>(x.a, x.packed, x.w, x.n, x.n, nullptr));
   MK_QTYPES(MK_ALL_QUANT)
 #undef MK_ALL_QUANT
   // moe_qgemm: the grouped GEMV (every MR, plain and gated: x.packed as w3) and GEMM for every format
   const mk::MoeQArgs<T> mplain{x.a, x.n, x.b, x.packed, nullptr, x.w, nullptr, x.offsets, x.d, x.n, x.n, x.n};
   mk::MoeQArgs<T> mgated = mplain;
   mgated.w3 = x.packed;
-#define MK_ALL_MOE_QUANT(code, name, qk, nb)                \
-  acc(mk::launch_moe_qgemv<T, mk::code>(mplain, nullptr)); \
-  acc(mk::launch_moe_qgemv<T, mk::code>(mgated, nullptr)); \
+#define MK_ALL_MOE_QUANT(code, name, qk, nb)                             \
+  acc(mk::launch_moe_qgemv<T, mk::code>(mplain, nullptr));              \
+  acc(mk::launch_moe_qgemv<T, mk::code>(mgated, nullptr));              \
+  acc(mk::launch_moe_qgemv<T, mk::code>(mplain, nullptr, x.workspace)); \
+  acc(mk::launch_moe_qgemv<T, mk::code>(mgated, nullptr, x.workspace)); \
   acc(mk::launch_moe_qgemm<T, mk::code>(mplain, nullptr));
   MK_QTYPES(MK_ALL_MOE_QUANT)
 #undef MK_ALL_MOE_QUANT

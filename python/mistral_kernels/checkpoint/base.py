@@ -29,6 +29,7 @@ from ..config import ModelConfig
 from ..errors import CheckpointError
 from ..quant_weight import PackedWeight
 from .consolidated import CONSOLIDATED
+from .finite import check_quantized, scan_weight
 from .footprint import WeightFootprint, weight_footprint
 from .format import Format, TokenizerSource
 from .fusion import bytes_to_read, fusion_plan, read_fused
@@ -148,7 +149,7 @@ class Checkpoint:
     # ------------------------------------------------------------------ data
     def load(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None, *, progress: bool = False,
              shard: ShardFn | None = None, map_files: bool = True, quantized: bool = True,
-             quantize: str | None = None) -> dict[str, torch.Tensor | PackedWeight]:
+             quantize: str | None = None, check_tensors: bool = False) -> dict[str, torch.Tensor | PackedWeight]:
         """The fused weights (names in :mod:`.fusion`) of ``dtype`` on ``device``.
 
         ``dtype=None`` loads in the checkpoint's own dtype (:meth:`default_dtype`). ``progress`` shows a tqdm
@@ -170,10 +171,16 @@ class Checkpoint:
         of any format as INT8_ROWWISE (per output row symmetric; a GGUF's blocks are decoded first). The tied
         LM head of a packed embedding is returned as ``lm_head`` (the packed blocks; ``embed`` is dequantized).
 
+        Non-finite weights (:mod:`.finite`): always refused where loading touches every value anyway — a GGUF
+        block's fp16 scales (packed, dequantized or requantized), values converted to another dtype or device,
+        dequantized, or quantized to int8. ``check_tensors`` (llama.cpp's ``--check-tensors``) also scans every
+        dense weight as loaded, memory-mapped ones included (one pass over the weights: README, "Loading").
+
         Raises
         ------
         CheckpointError
-            corrupt files, or tensors missing / unexpected / mis-shaped / integer-typed (all in one message).
+            corrupt files, tensors missing / unexpected / mis-shaped / integer-typed (all in one message), or
+            an inf / NaN weight (the file and tensor named).
         """
         plan = self.packing(quantized=quantized, quantize=quantize, sharded=shard is not None)
         if dtype is None:
@@ -193,13 +200,16 @@ class Checkpoint:
                 mode = plan.modes[fused]
                 if mode == "int8":
                     dense = read_fused(fused_parts, "cpu", stored_dtype(plan.parts[fused]), bar.update, mapped)
-                    weights[fused] = quantize_fused(dense, device)
+                    int8 = weights[fused] = quantize_fused(dense, device)
+                    check_quantized(fused, int8.scales, dense, fused_parts)  # type: ignore[arg-type]
                 elif mode == "packed":
                     shape = (sum(e.shape[0] for e, _ in fused_parts), *fused_parts[0][0].shape[1:])
                     weights[fused] = self._format.read_packed(plan.parts[fused], shape, self.source, device)
                     bar.update(sum(t.nbytes for t in plan.parts[fused]))
                 else:
                     weights[fused] = read_fused(fused_parts, device, dtype, bar.update, mapped)
+                    if check_tensors:
+                        scan_weight(fused, weights[fused], fused_parts)  # type: ignore[arg-type]
             if plan.tied_head:
                 embed = entries["embed"]
                 weights["lm_head"] = self._format.read_packed(embed.stored, embed.shape, self.source, device)
@@ -238,11 +248,11 @@ def opened(checkpoint: Checkpoint | str | Path) -> Iterator[Checkpoint]:
 def load_checkpoint(checkpoint: Checkpoint | str | Path, *, device: torch.device | str = "cpu",
                     dtype: torch.dtype | None = None, progress: bool = False, shard: ShardFn | None = None,
                     map_files: bool = True, quantized: bool = True, quantize: str | None = None,
-                    ) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight]]:
+                    check_tensors: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor | PackedWeight]]:
     """(config, fused weights) of a checkpoint or path: :meth:`Checkpoint.load` with the same options."""
     with opened(checkpoint) as ckpt:
         return ckpt.config, ckpt.load(device, dtype, progress=progress, shard=shard, map_files=map_files,
-                                      quantized=quantized, quantize=quantize)
+                                      quantized=quantized, quantize=quantize, check_tensors=check_tensors)
 
 
 def load_config(checkpoint: Checkpoint | str | Path) -> ModelConfig:

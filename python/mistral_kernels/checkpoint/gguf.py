@@ -11,8 +11,8 @@ kernel (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) become one
 :class:`~mistral_kernels.quant_weight.QuantizedWeight` per run of consecutive parts of one format — a memory
 map of the file when the run's tensors lie back to back, else one uint8 buffer read straight from the file —
 and a :class:`~mistral_kernels.quant_weight.FusedWeight` when the runs differ in format (Q4_K_M: wq | wk in
-Q4_K, wv in Q6_K). Every block's fp16 scales are checked finite at load: a corrupt block is a
-:class:`CheckpointError`, not NaN logits. Which matrices stay packed is :mod:`.packing`'s decision.
+Q4_K, wv in Q6_K). Every block's fp16 scales are checked finite at load (:mod:`.finite`, the same check
+as for blocks that are dequantized): a corrupt block is a :class:`CheckpointError`, not NaN logits. Which matrices stay packed is :mod:`.packing`'s decision.
 
 Shape letters: N out features (rows), K in features, R packed row bytes, E experts.
 """
@@ -33,6 +33,7 @@ from ..ops.quant import QFORMAT_BY_CODE, QFormat
 from ..quant_weight import FusedWeight, PackedWeight, QuantizedWeight
 from ..rope_scaling import RopeScaling
 from .fields import Fields, as_tuple, build, token_id
+from .finite import check_block_scales
 from .format import Contents, Format
 from .gguf_header import GGUF_MAGIC, read_gguf_header_fd
 from .naming import Rule
@@ -42,13 +43,6 @@ from .tensor_io import TensorInfo, gguf_tensors
 __all__ = ["GGUF", "ROPE_FREQS", "config_from_metadata"]
 
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-pair RoPE frequency divisors [R/2]
-
-# Byte ranges of each block's fp16 scales (d, and dmin / m where the format has one), from the layouts in
-# csrc/kernels/quant_blocks.h.
-_SCALE_BYTES: dict[str, tuple[int, int]] = {
-    "Q4_0": (0, 2), "Q4_1": (0, 4), "Q8_0": (0, 2), "Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210),
-}
-
 
 class GGUFFormat(Format):
     name = "gguf"
@@ -133,19 +127,10 @@ def _packed_bytes(run: list[TensorInfo], source: TensorSource) -> torch.Tensor:
 
 
 def _check_scales(run: list[TensorInfo], f: QFormat, data: torch.Tensor) -> None:
-    """CheckpointError naming the tensor and block when a block's fp16 scale is inf / NaN."""
-    a, b = _SCALE_BYTES[f.name]
+    """CheckpointError naming the tensor and block when a block's fp16 scale is inf / NaN (:mod:`.finite`)."""
     at = 0
     for t in run:
-        blocks = data[at:at + t.nbytes].view(-1, f.bytes)                     # [blocks, bytes]
-        high = blocks[:, a + 1:b:2]             # the high byte of each little-endian fp16: sign, exponent
-        bad = ((high & 0x7C) == 0x7C)           # exponent all ones: inf or NaN
-        if bad.any():
-            rows = bad.any(dim=1).nonzero()
-            first = int(rows[0])
-            raise CheckpointError(f"{t.file}: GGUF tensor {t.name!r} ({f.name} {list(t.shape)}): block {first} "
-                                  f"(byte {t.offset + first * f.bytes}) has a non-finite scale; {rows.numel()} "
-                                  "corrupt block(s) — the file is damaged")
+        check_block_scales(t, data[at:at + t.nbytes], f.bytes)
         at += t.nbytes
 
 

@@ -18,7 +18,8 @@ Reading (docs/design.md §6), two ways, neither holding a second copy:
 - :func:`read_into`: otherwise the caller allocates the destination (e.g. the q rows of a fused qkv tensor)
   and it is filled with ``os.preadv`` from the file — one copy, no intermediate tensor when the dtype
   already matches. Conversions (another dtype, another device, GGUF dequantization) go through a bounded
-  scratch buffer (:data:`CHUNK_BYTES`).
+  scratch buffer (:data:`CHUNK_BYTES`), where every value is checked finite on the way
+  (:mod:`.finite`: one reduction per chunk; a GGUF's block scales are scanned before decoding).
 
 Shape letters: R rows of the outermost dim, C elements per row.
 """
@@ -30,7 +31,7 @@ import math
 import mmap
 import os
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
+from .finite import check_block_scales, require_finite
 from .gguf_header import GGUFHeader
 
 __all__ = ["CHUNK_BYTES", "Index", "TensorInfo", "gguf_tensors", "map_packed", "map_tensors", "private_map",
@@ -125,7 +127,19 @@ def safetensors_tensors(fd: int, file: Path) -> dict[str, TensorInfo]:
             raise CheckpointError(f"{where}: {kind} {shape} needs {nbytes} bytes, data_offsets give "
                                   f"{offsets[1] - offsets[0]}")
         out[name] = TensorInfo(name, tuple(shape), dtype, file, base + offsets[0], nbytes, None, kind)
+    _check_disjoint(file, out.values())
     return out
+
+
+def _check_disjoint(file: Path, infos: Iterable[TensorInfo]) -> None:
+    """CheckpointError naming both tensors when two non-empty tensors share bytes (one would alias the other,
+    and writing one — a private map is writable — would change both)."""
+    ordered = sorted((t for t in infos if t.nbytes), key=lambda t: t.offset)
+    for a, b in zip(ordered, ordered[1:]):
+        if b.offset < a.offset + a.nbytes:
+            raise CheckpointError(f"{file}: tensors {a.name!r} (bytes {a.offset}..{a.offset + a.nbytes}) and "
+                                  f"{b.name!r} (bytes {b.offset}..{b.offset + b.nbytes}) overlap in the file: "
+                                  "each tensor needs bytes of its own (the file is corrupt or hand-edited)")
 
 
 def gguf_tensors(file: Path, header: GGUFHeader, size: int) -> dict[str, TensorInfo]:
@@ -193,7 +207,7 @@ def read_into(fd: int, info: TensorInfo, out: torch.Tensor, index: Index | None 
         return
     pos = 0
     for start, count in runs:
-        _read_range(fd, info.offset + start * item, info.dtype, flat[pos:pos + count])
+        _read_range(fd, info, start, flat[pos:pos + count])
         pos += count
 
 
@@ -273,13 +287,16 @@ def _read_by_rows(fd: int, info: TensorInfo, shape: tuple[int, ...], index: Inde
     for a in range(0, len(rows), per_chunk):
         n = min(per_chunk, len(rows) - a)
         block = torch.empty((n, *shape[1:]), dtype=info.dtype)
-        _read_range(fd, info.offset + (rows.start + a) * row_elems * info.dtype.itemsize, info.dtype,
-                    block.view(-1))
+        first = (rows.start + a) * row_elems
+        _pread(fd, info.offset + first * info.dtype.itemsize, _bytes_of(block))
+        require_finite(block, info, first)
         out[a:a + n].copy_(block[(slice(None), *index[1:])])
 
 
-def _read_range(fd: int, offset: int, dtype: torch.dtype, out: torch.Tensor) -> None:
-    """``out.numel()`` elements of ``dtype`` at byte ``offset`` → ``out`` (1-D contiguous), converting."""
+def _read_range(fd: int, info: TensorInfo, start: int, out: torch.Tensor) -> None:
+    """``out.numel()`` elements of ``info`` from element ``start`` → ``out`` (1-D contiguous): read straight
+    when the dtype matches on the CPU, else converted through a scratch whose values are checked finite."""
+    dtype, offset = info.dtype, info.offset + start * info.dtype.itemsize
     if out.dtype == dtype and out.device.type == "cpu":
         _pread(fd, offset, _bytes_of(out))
         return
@@ -288,6 +305,7 @@ def _read_range(fd: int, offset: int, dtype: torch.dtype, out: torch.Tensor) -> 
     for a in range(0, out.numel(), per):
         part = scratch[:min(per, out.numel() - a)]
         _pread(fd, offset + a * dtype.itemsize, _bytes_of(part))
+        require_finite(part, info, start + a)
         out[a:a + part.numel()].copy_(part)
 
 
@@ -325,7 +343,8 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _read_quantized(fd: int, info: TensorInfo, out: torch.Tensor, index: Index | None) -> None:
-    """Dequantize a GGUF tensor with the ``gguf`` package, a bounded chunk of rows at a time."""
+    """Dequantize a GGUF tensor with the ``gguf`` package, a bounded chunk of rows at a time: each chunk's block
+    scales checked before decoding, its values after (:mod:`.finite`)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -341,11 +360,14 @@ def _read_quantized(fd: int, info: TensorInfo, out: torch.Tensor, index: Index |
         n = min(per, rows - a)
         part = raw[:n]
         _pread_all(fd, info.offset + a * row_bytes, memoryview(part).cast("B"))
+        check_block_scales(info, torch.from_numpy(part).view(-1), type_size, a * row_bytes // type_size)
         try:
             values = dequantize(part, qtype)
         except NotImplementedError as e:
             raise CheckpointError(f"{info.file}: tensor {info.name} has type {qtype.name}, which the gguf package "
                                   "cannot dequantize") from e
-        full[a:a + n].copy_(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(n, cols)))
+        decoded = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(n, cols))
+        require_finite(decoded, info, a * cols)
+        full[a:a + n].copy_(decoded)
     if index is not None:
         out.copy_(full.view(info.shape)[index])

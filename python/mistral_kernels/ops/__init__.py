@@ -72,7 +72,12 @@ def _make_fake(ns: str, name: str) -> Callable[..., None]:
     arg_names = [a.name for a in getattr(getattr(torch.ops, ns), name).default._schema.arguments]
 
     def fake(*args: object, **kwargs: object) -> None:
-        tensors = [(n, a) for n, a in [*zip(arg_names, args), *kwargs.items()] if isinstance(a, torch.Tensor)]
+        tensors: list[tuple[str, torch.Tensor]] = []
+        for n, a in [*zip(arg_names, args), *kwargs.items()]:
+            if isinstance(a, torch.Tensor):
+                tensors.append((n, a))
+            elif isinstance(a, (list, tuple)):  # Tensor[] / Tensor?[] arguments (decode_layers' layer lists)
+                tensors += [(f"{n}[{i}]", t) for i, t in enumerate(a) if isinstance(t, torch.Tensor)]
         ref_name, ref = tensors[0]
         for n, t in tensors[1:]:
             if t.device != ref.device:

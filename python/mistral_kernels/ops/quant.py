@@ -29,7 +29,7 @@ class QFormat:
 
 
 # The formats with native kernels: the same table as MK_QTYPES in csrc/kernels/quant_blocks.h
-# (tests/test_quant_formats.py checks the GGUF ones against the gguf package's GGML_QUANT_SIZES).
+# (the GGUF ones have the gguf package's GGML_QUANT_SIZES; the kernels are tested against its decoder).
 QFORMATS: dict[str, QFormat] = {
     f.name: f
     for f in (

@@ -10,20 +10,35 @@ import torch
 from ._base import OpFamily, check_index_range, require_tensor
 
 
+MAX_POSITIONS = 1 << 24  # rows of a cos/sin table (16M; checkpoint configs are bounded by the same figure)
+MAX_ROT_DIM = 1024       # rotated dims per head
+_CHUNK_ROWS = 1 << 16    # fp64 angles are computed this many rows at a time: temporaries stay ~64 MB
+
+
 def rope_cos_sin_cache(
     max_pos: int, rot_dim: int, theta: float, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """Cos/sin table for RoPE: fp32 [max_pos, rot_dim], cos in ``[:, :R/2]``, sin in ``[:, R/2:]``.
 
     Row p, column i < R/2 holds cos(p·θ_i) with θ_i = theta^(-2i/R) (computed in fp64, stored fp32).
+    ``max_pos`` ≤ :data:`MAX_POSITIONS`, ``rot_dim`` ≤ :data:`MAX_ROT_DIM`; memory is the table itself
+    (``max_pos·rot_dim·4`` bytes) plus a bounded fp64 scratch.
     """
-    if max_pos < 0 or rot_dim < 0 or rot_dim % 2:
-        raise ValueError(f"rope_cos_sin_cache: need max_pos >= 0 and an even rot_dim >= 0, got {max_pos}, {rot_dim}")
-    if theta <= 0:
+    if not 0 <= max_pos <= MAX_POSITIONS:
+        raise ValueError(f"rope_cos_sin_cache: max_pos must be in [0, {MAX_POSITIONS}] (2^24 positions), got "
+                         f"{max_pos}")
+    if not 0 <= rot_dim <= MAX_ROT_DIM or rot_dim % 2:
+        raise ValueError(f"rope_cos_sin_cache: rot_dim must be even and in [0, {MAX_ROT_DIM}], got {rot_dim}")
+    if not theta > 0:
         raise ValueError(f"rope_cos_sin_cache: theta must be > 0, got {theta}")
     inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
-    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.float32).to(device)
+    out = torch.empty(max_pos, rot_dim, dtype=torch.float32)
+    half = rot_dim // 2
+    for a in range(0, max_pos, _CHUNK_ROWS):
+        angles = torch.arange(a, min(a + _CHUNK_ROWS, max_pos), dtype=torch.float64)[:, None] * inv_freq[None, :]
+        out[a:a + angles.shape[0], :half] = angles.cos()
+        out[a:a + angles.shape[0], half:] = angles.sin()
+    return out.to(device)
 
 
 class RopeOps(OpFamily):

@@ -1,4 +1,4 @@
-"""Op-level fuzz cases (issue 22): one valid call per raw op schema (csrc/registration.cpp), then single
+"""Op-level fuzz cases: one valid call per raw op schema (csrc/registration.cpp), then single
 mutations of it — a wrong size on each dimension of each tensor argument, another dtype, None, a
 non-contiguous / stride-0 layout, a written argument aliasing another one — each judged by one oracle:
 
@@ -9,11 +9,14 @@ non-contiguous / stride-0 layout, a written argument aliasing another one — ea
 Anything else fails: a crash (the cases run in a subprocess, tests/test_op_fuzz.py), an unclear exception,
 "UNKNOWN_SCALAR", or an op that accepts inputs the reference rejects (garbage output).
 
-Run as ``python -m tests.op_fuzz_cases <namespace> <first> <last>``: prints ``START i`` before and one
+Run as ``python -m tests.helpers.op_fuzz_cases <namespace> <first> <last>``: prints ``START i`` before and one
 ``RESULT i <json>`` line after each case, so a crash names its case.
 
+List arguments (decode_layers' per-layer lists) get their own mutations: a list shorter, longer or empty,
+each entry resized / retyped / strided / aliased, packed format codes and scales, out-of-range indices.
+
 Shape letters: T tokens, B sequences, Hq / Hkv heads, D head_dim, N blocks, S block_size, M max_blocks,
-H hidden, I intermediate, E experts, k top-k, P max positions, R rot_dim.
+H hidden, I intermediate, E experts, k top-k, P max positions, R rot_dim, L layers.
 """
 
 from __future__ import annotations
@@ -156,12 +159,121 @@ def _qlinear_call(g: torch.Generator) -> Call:
                 ("out",), lambda a: {"out": ref.qlinear(a["x"], a["qweight"], a["qtype"], a["scales"])})
 
 
+# decode_layers (CPU only): L = 2 layers, M = 2 rows; H = I = 32 and Hq·D = 32 so every matrix's K is a whole
+# number of 32-element blocks (the packed call). Rows 0 / 1 decode positions 5 / 9 (block tables below, S = 4).
+_DL = {"L": 2, "M": 2, "H": 32, "I": 32, "Hq": 2, "Hkv": 1, "D": 16, "N": 6, "S": 4, "P": 16}
+_DENSE = -1  # decode_layers' qtypes entry of a dense part
+_MATRICES = ("qkv", "wo", "w13", "w2")
+
+
+def _dl_shapes() -> dict[str, tuple[int, int]]:
+    d = _DL
+    return {"qkv": ((d["Hq"] + 2 * d["Hkv"]) * d["D"], d["H"]), "wo": (d["H"], d["Hq"] * d["D"]),
+            "w13": (2 * d["I"], d["H"]), "w2": (d["H"], d["I"])}
+
+
+def _dl_matrices(a: dict[str, Any]) -> dict[str, list[object]]:
+    """The per-layer matrices of a decode_layers call's flat part lists (rows of a layer's parts sum to its N),
+    as the reference takes them; raises when the parts do not make whole matrices."""
+    from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
+
+    out: dict[str, list[object]] = {}
+    g = 0
+    for name in _MATRICES:
+        n, k = _dl_shapes()[name]
+        parts, layers = list(a[name]), []
+        for _ in range(len(a["attn_norm"])):
+            rows, groups = 0, []
+            while rows < n:
+                t = parts.pop(0)
+                qt = a["qtypes"][g] if a["qtypes"] else _DENSE
+                sc = a["scales"][g] if a["scales"] else None
+                g += 1
+                groups.append(t if qt == _DENSE else QuantizedWeight(t, qt, (t.shape[0], k), sc))
+                rows += t.shape[0]
+            if rows != n or (len(groups) > 1 and any(isinstance(x, torch.Tensor) for x in groups)):
+                raise ValueError(f"{name}: parts do not make a [{n}, {k}] matrix")
+            layers.append(groups[0] if len(groups) == 1 else FusedWeight(tuple(groups)))
+        if parts:
+            raise ValueError(f"{name}: {len(parts)} parts left over")
+        out[name] = layers
+    return out
+
+
+def _dl_expected(a: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The reference on ``a`` in place (``a`` is the judge's fresh copy, aliasing kept as in the call)."""
+    x, residual, kc, vc = a["x"], a["residual"], a["k_cache"], a["v_cache"]
+    m = _dl_matrices(a)
+    if not (len(a["ffn_norm"]) == len(kc) == len(vc) == len(a["windows"]) == len(a["attn_norm"])):
+        raise ValueError("layer lists differ in length")
+    ref.decode_layers(x, residual, a["attn_norm"], m["qkv"], m["wo"], a["ffn_norm"], m["w13"], m["w2"], kc, vc,
+                      a["windows"], a["positions"], a["slot_mapping"], a["block_tables"], a["seq_lens"], a["cos_sin"],
+                      a["n_heads"], a["eps"], a["scale"], a["is_neox"])
+    return {"x": x, "residual": residual, **{f"k_cache.{i}": t for i, t in enumerate(kc)},
+            **{f"v_cache.{i}": t for i, t in enumerate(vc)}}
+
+
+def _decode_layers_calls(g: torch.Generator) -> Iterator[Call]:
+    from .quant_data import random_qweight
+
+    d, shapes = _DL, _dl_shapes()
+    L = d["L"]
+
+    def common() -> dict[str, Any]:
+        return {"attn_norm": [1 + 0.1 * _randn(g, d["H"]) for _ in range(L)],
+                "ffn_norm": [1 + 0.1 * _randn(g, d["H"]) for _ in range(L)],
+                "k_cache": [_randn(g, d["N"], d["S"], d["Hkv"], d["D"]) for _ in range(L)],
+                "v_cache": [_randn(g, d["N"], d["S"], d["Hkv"], d["D"]) for _ in range(L)],
+                "windows": [0, 3], "positions": torch.tensor([5, 9]), "slot_mapping": torch.tensor([5, 13]),
+                "block_tables": torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32),
+                "seq_lens": torch.tensor([6, 10], dtype=torch.int32),
+                "cos_sin": ref.rope_cos_sin_cache(d["P"], d["D"], 1e4), "n_heads": d["Hq"], "eps": 1e-5,
+                "scale": d["D"] ** -0.5, "is_neox": True}
+
+    def args(mats: dict[str, list[torch.Tensor]], qtypes: list[int], scales: list[torch.Tensor | None],
+             c: dict[str, Any]) -> dict[str, Any]:  # schema order
+        return {"x": _randn(g, d["M"], d["H"]), "residual": _randn(g, d["M"], d["H"]), "attn_norm": c["attn_norm"],
+                "qkv": mats["qkv"], "wo": mats["wo"], "ffn_norm": c["ffn_norm"], "w13": mats["w13"],
+                "w2": mats["w2"], **{k: c[k] for k in ("k_cache", "v_cache", "windows", "positions", "slot_mapping",
+                                                         "block_tables", "seq_lens", "cos_sin", "n_heads", "eps",
+                                                         "scale", "is_neox")},
+                "qtypes": qtypes, "scales": scales}
+
+    written = ("x", "residual")
+    dense = {name: [0.2 * _randn(g, *shapes[name]) for _ in range(L)] for name in _MATRICES}
+    yield Call("decode_layers", args(dense, [], [], common()), written, _dl_expected)
+    # packed: qkv of two row groups (Q4_0 | Q8_0, as a Q4_K_M file mixes formats), wo INT8_ROWWISE, w13 Q4_K
+    # needs K = 256: Q8_0 instead; w2 dense in layer 0 and Q4_0 in layer 1
+    codes = {"Q4_0": 2, "Q8_0": 8, "INT8_ROWWISE": 1000}
+    mats: dict[str, list[torch.Tensor]] = {name: [] for name in _MATRICES}
+    qtypes: list[int] = []
+    scales: list[torch.Tensor | None] = []
+    layout = {"qkv": [[("Q4_0", 32), ("Q8_0", 32)]] * L, "wo": [[("INT8_ROWWISE", 32)]] * L,
+              "w13": [[("Q8_0", 64)]] * L, "w2": [[("dense", 32)], [("Q4_0", 32)]]}
+    seed = SEED
+    for name in _MATRICES:
+        for groups in layout[name]:
+            for fmt, rows in groups:
+                seed += 1
+                if fmt == "dense":
+                    mats[name].append(0.2 * _randn(g, rows, shapes[name][1]))
+                    qtypes.append(_DENSE)
+                    scales.append(None)
+                    continue
+                q, sc = random_qweight(fmt, rows, shapes[name][1], seed=seed)
+                mats[name].append(q)
+                qtypes.append(codes[fmt])
+                scales.append(sc)
+    yield Call("decode_layers", args(mats, qtypes, scales, common()), written, _dl_expected)
+
+
 def valid_calls(namespace: str) -> list[Call]:
     g = torch.Generator().manual_seed(SEED)
     calls = [*_norm_calls(g), _rope_call(g), *_attention_calls(g), *_moe_calls(g)]
     if namespace == "mistral_kernels":
         calls.append(_linear_call(g))  # CPU-only schema
         calls.append(_qlinear_call(g))  # the emulated qlinear is a separate piece of work (CUDA kernels)
+        calls.extend(_decode_layers_calls(g))  # CPU-only schema
     return calls
 
 
@@ -241,12 +353,92 @@ def mutations(call: Call, g: torch.Generator) -> Iterator[tuple[str, dict[str, A
                 yield f"{name}={x}", {**call.args, name: x}
 
 
+def _with(args: dict[str, Any], name: str, i: int, value: Any) -> dict[str, Any]:
+    """``args`` with entry ``i`` of the list ``name`` replaced."""
+    lst = list(args[name])
+    lst[i] = value
+    return {**args, name: lst}
+
+
+def _set(t: torch.Tensor, index: tuple[int, ...], value: int) -> torch.Tensor:
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+def list_mutations(call: Call, g: torch.Generator) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Mutations of list arguments (decode_layers' per-layer lists): lengths, each entry's shape / dtype /
+    layout, aliasing between entries and with the written tensors, and out-of-range values of the index
+    arguments."""
+    a = call.args
+    lists = [n for n, v in a.items() if isinstance(v, list)]
+    for name in lists:
+        v = a[name]
+        if v:
+            yield f"{name} without its last entry", {**a, name: v[:-1]}
+            yield f"{name} with one entry more", {**a, name: [*v, v[-1]]}
+        yield f"{name} empty", {**a, name: []}
+        for i in sorted({0, len(v) - 1} if v else set()):
+            if not isinstance(v[i], torch.Tensor):
+                continue
+            t = v[i]
+            for dim in range(t.dim()):
+                for size in sorted({t.shape[dim] + 1, t.shape[dim] - 1, 0} - {t.shape[dim], -1}):
+                    yield f"{name}[{i}].shape[{dim}]={size}", _with(a, name, i, _resized(t, dim, size, g))
+            yield f"{name}[{i}] extra dim", _with(a, name, i, t.unsqueeze(0))
+            for dt in (torch.float64, torch.int32, torch.bfloat16, torch.uint8, torch.int8):
+                if dt != t.dtype:
+                    yield f"{name}[{i}] dtype {dt}", _with(a, name, i, t.to(dt))
+            yield f"{name}[{i}] on meta", _with(a, name, i, t.to("meta"))
+            for what, st in _strided(t):
+                yield f"{name}[{i}] {what}", _with(a, name, i, st)
+            for w in call.written:  # a written tensor and a list entry sharing memory, both ways
+                view = _alias(t, a[w])
+                if view is not None:
+                    yield f"{name}[{i}] aliases {w}", _with(a, name, i, view)
+                view = _alias(a[w], t)
+                if view is not None:
+                    yield f"{w} aliases {name}[{i}]", {**a, w: view}
+        if v and isinstance(v[0], int):
+            for x in (-1, 2**31, 2**62):
+                yield f"{name}[0]={x}", _with(a, name, 0, x)
+    if "k_cache" in a and len(a["k_cache"]) > 1:  # caches are written: two layers, or k and v, on one tensor
+        yield "k_cache[1] is k_cache[0]", _with(a, "k_cache", 1, a["k_cache"][0])
+        yield "v_cache[0] is k_cache[0]", _with(a, "v_cache", 0, a["k_cache"][0])
+        yield "v_cache[1] overlaps k_cache[1]", _with(a, "v_cache", 1, _alias(a["v_cache"][1], a["k_cache"][1]))
+    if a.get("qtypes"):
+        for i in (0, len(a["qtypes"]) - 1):
+            for code in (-2, 0, 1, 99, 1000, 12, 2**40):
+                if code != a["qtypes"][i]:
+                    yield f"qtypes[{i}]={code}", _with(a, "qtypes", i, code)
+        first_int8 = next(i for i, q in enumerate(a["qtypes"]) if q == 1000)
+        sc = a["scales"][first_int8]
+        yield "scales of INT8_ROWWISE None", _with(a, "scales", first_int8, None)
+        yield "scales fp64", _with(a, "scales", first_int8, sc.double())
+        yield "scales one short", _with(a, "scales", first_int8, sc[:-1])
+        yield "scales strided", _with(a, "scales", first_int8, torch.stack([sc, sc], 1)[:, 0])
+        yield "scales for a block part", _with(a, "scales", 0, sc)
+    elif "qtypes" in a:
+        n = sum(len(a[k]) for k in ("qkv", "wo", "w13", "w2"))
+        yield "qtypes all -1 (dense)", {**a, "qtypes": [-1] * n, "scales": [None] * n}
+        yield "qtypes all Q4_0 on dense parts", {**a, "qtypes": [2] * n, "scales": [None] * n}
+    indices = {"positions": [((1,), 16), ((1,), -1), ((0,), 2**40)],
+               "slot_mapping": [((1,), 24), ((1,), -2), ((0,), 2**40)],
+               "block_tables": [((1, 2), 6), ((0, 1), -1), ((1, 2), 2**31 - 1)],
+               "seq_lens": [((1,), 13), ((1,), -1), ((0,), 0), ((1,), 2**31 - 1)]}
+    for name, edits in indices.items():
+        if isinstance(a.get(name), torch.Tensor):
+            for index, value in edits:
+                yield f"{name}{list(index)}={value}", {**a, name: _set(a[name], index, value)}
+
+
 def cases(namespace: str) -> list[tuple[Call, str, dict[str, Any]]]:
     g = torch.Generator().manual_seed(SEED + 1)
     out = []
     for call in valid_calls(namespace):
         out.append((call, "valid", call.args))
         out.extend((call, desc, args) for desc, args in mutations(call, g))
+        out.extend((call, desc, args) for desc, args in list_mutations(call, g))
     return out
 
 
@@ -257,18 +449,26 @@ def _fresh(args: dict[str, Any]) -> dict[str, Any]:
     """A copy of the CPU tensors that keeps their aliasing: one new storage per original storage, every
     tensor re-created on it with its own dtype, offset, shape and strides."""
     storages: dict[int, torch.UntypedStorage] = {}
-    out = {}
-    for n, v in args.items():
-        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-            key = v.untyped_storage().data_ptr()
-            if key not in storages:
-                storages[key] = v.untyped_storage().clone()
-            t = torch.empty(0, dtype=v.dtype)
-            t.set_(storages[key], v.storage_offset(), v.shape, v.stride())
-            out[n] = t
-        else:
-            out[n] = v
-    return out
+
+    def fresh(v: Any) -> Any:
+        if isinstance(v, list):
+            return [fresh(e) for e in v]
+        if not (isinstance(v, torch.Tensor) and v.device.type == "cpu"):
+            return v
+        key = v.untyped_storage().data_ptr()
+        if key not in storages:
+            storages[key] = v.untyped_storage().clone()
+        t = torch.empty(0, dtype=v.dtype)
+        t.set_(storages[key], v.storage_offset(), v.shape, v.stride())
+        return t
+
+    return {n: fresh(v) for n, v in args.items()}
+
+
+def _written(args: dict[str, Any], name: str) -> torch.Tensor:
+    """``args[name]``, or entry i of a list for ``"name.i"``."""
+    base, _, i = name.partition(".")
+    return args[base][int(i)] if i else args[base]
 
 
 def judge(namespace: str, call: Call, args: dict[str, Any]) -> str:
@@ -290,7 +490,7 @@ def judge(namespace: str, call: Call, args: dict[str, Any]) -> str:
     except Exception as e:  # noqa: BLE001 - the reference's rejection of the inputs, whatever its type
         return f"FAIL: the op accepted inputs the reference rejects ({type(e).__name__}: {str(e)[:200]})"
     for name, exp in expected.items():
-        got = run_args[name]
+        got = _written(run_args, name)
         if got.shape != exp.shape:
             return f"FAIL: {name} has shape {tuple(got.shape)}, the reference {tuple(exp.shape)}"
         if exp.dtype.is_floating_point:

@@ -1,4 +1,4 @@
-"""A pytest plugin for runs that must need no network (scripts/gpu_check.sh: ``pytest -p tests.no_network``):
+"""A pytest plugin for runs that must need no network (scripts/gpu_check.sh: ``pytest -p tests.helpers.no_network``):
 a socket connection beyond the loopback interface and a ``pip download`` / ``pip install`` subprocess raise at
 once, naming what tried, instead of waiting on retries and timeouts of a machine with no network.
 """

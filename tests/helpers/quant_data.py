@@ -47,3 +47,19 @@ def random_qweight(
         raw[:, off : off + 2] = (rng.standard_normal(blocks) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
     raw[0, FP16_FIELDS[name][0] : FP16_FIELDS[name][0] + 2] = np.array([3], np.uint16).view(np.uint8)  # subnormal d
     return torch.from_numpy(raw.reshape(n, k // f.block * f.bytes)), None
+
+
+# The CUDA GEMV's int8 activations (csrc/kernels/quant_q8x.cuh): x in blocks of 16 along K, each quantized with
+# d = max|x| / 127; |x - x̂| ≤ d / 2 · (1 + 5e-5) per element.
+Q8_BLOCK = 16
+Q8_INT8_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def int8_activation_bound(x: torch.Tensor, w: torch.Tensor, block: int = Q8_BLOCK, slack: float = 1e-4) -> torch.Tensor:
+    """[M, N] bound on |x̂ · Wᵀ - x · Wᵀ| for x [M, K] quantized to int8 per `block` elements along K (scale
+    max|x| / 127, round to nearest) and W [N, K] (dequantized, fp32): Σ_k max|x of k's block| / 254 · |W[n, k]|,
+    times 1 + slack for the rounding of the scale."""
+    xf = x.float()
+    m, k = xf.shape
+    block_max = xf.abs().reshape(m, k // block, block).amax(-1)
+    return (block_max.repeat_interleave(block, dim=1) / 254 * (1 + slack)) @ w.float().abs().T
