@@ -30,8 +30,8 @@ import uvicorn  # noqa: E402
 from mistral_kernels import LLM  # noqa: E402
 from mistral_kernels.serve.app import build_app  # noqa: E402
 
-from .default_model_files import default_model_or_skip  # noqa: E402
-from .net_helpers import free_port, wait_healthy  # noqa: E402
+from .helpers.default_model_files import default_model_or_skip  # noqa: E402
+from .helpers.net_helpers import free_port, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,8 @@ class Live:
 def live() -> Iterator[Live]:
     llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=64)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(llm, NAME, max_waiting=64, max_request_bytes=MAX_BODY), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    app = build_app(llm, NAME, max_waiting=64, max_request_bytes=MAX_BODY)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60
