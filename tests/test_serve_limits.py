@@ -141,6 +141,23 @@ def test_lone_surrogates_are_400_and_keep_the_connection(live: Live) -> None:
         _error(r, 400, "prompt.1")
 
 
+
+def test_unexpected_error_is_json_500_and_keeps_the_connection(live: Live, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    def broken(*args: object, **kwargs: object) -> list[int]:
+        raise RuntimeError("planted failure")
+
+    good = {"model": NAME, "messages": CHAT, "temperature": 0, "max_tokens": 1}
+    with httpx.Client(base_url=live.url, timeout=60) as client:
+        for _ in range(5):
+            with monkeypatch.context() as m:
+                m.setattr(live.llm.tokenizer, "apply_chat_template", broken)
+                r = client.post("/v1/chat/completions", json=good)
+            err = _error(r, 500, None)
+            assert "planted failure" in str(err["message"]) and err["type"] == "internal_server_error"
+            ok = client.post("/v1/chat/completions", json=good)  # same kept-alive connection
+            assert ok.status_code == 200, ok.text
+
 # ------------------------------------------------------------------ body size, parsing off the event loop
 def test_body_over_the_cap_is_413(live: Live) -> None:
     big = b'{"model": "x", "prompt": "' + b"a" * (MAX_BODY + 10) + b'"}'
