@@ -123,7 +123,8 @@ def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int,
     (["--prompt", "\udcffhi"], "--prompt is not valid UTF-8 (byte 0xff"),  # how Python decodes a bad argv
     (["--prompt", "hi", "--num-blocks", str(10**12)], "num_blocks (--num-blocks) = 1000000000000 blocks"),
     (["--prompt", "hi", "--seed", str(2**70)], "argument --seed: seed must be in [-9223372036854775808, "),
-    (["--prompt", "hi", "--temperature", "-1"], "--temperature: temperature must be ≥ 0"),
+    (["--prompt", "hi", "--temperature", "-1"], "--temperature: temperature must be in [0, 2]"),
+    (["--prompt", "hi", "--temperature", "100"], "--temperature: temperature must be in [0, 2], got 100"),
     (["--prompt", "hi", "--model", "ZERO_HEADS"], "n_heads"),
 ])
 def test_user_errors_are_one_line_exit_2(extra: list[str], message: str, tiny_checkpoints: Path, tmp_path: Path,

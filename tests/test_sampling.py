@@ -124,3 +124,23 @@ def test_bad_params_raise() -> None:
     with pytest.raises(ValueError, match="stop"):
         SamplingParams(stop=("",))
     assert SamplingParams(stop="###").stop == ("###",)
+
+
+@pytest.mark.parametrize("tiny", [1e-38, 1e-6, 1e-5])
+def test_tiny_temperature_is_greedy(tiny: float) -> None:
+    # Dividing by 1e-38 overflows every logit to ±inf; softmax is then NaN and the draw is token 0 whatever
+    # the logits. At or below 1e-5 the row must be greedy: the argmax, whatever the generator.
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50)
+    params = SamplingParams(temperature=tiny)
+    assert params.temperature == 0.0 and params.greedy
+    gens = [torch.Generator().manual_seed(i) for i in range(4)]
+    assert sample(logits, [params] * 4, gens).tolist() == logits.argmax(dim=-1).tolist()
+    assert not SamplingParams(temperature=2e-5).greedy
+
+
+@pytest.mark.parametrize("bad", [2.0001, 100.0, float("inf"), float("nan"), -1e-38])
+def test_temperature_out_of_range_raises(bad: float) -> None:
+    with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
+        SamplingParams(temperature=bad)
+    assert SamplingParams(temperature=2.0).temperature == 2.0

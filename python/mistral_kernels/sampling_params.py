@@ -19,9 +19,14 @@ from typing import Any
 
 from .dataclass_cli import add_fields, field_flags, values_from
 
-__all__ = ["FIELD_NAMES", "MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "sampling_params"]
+__all__ = ["FIELD_NAMES", "GREEDY_TEMPERATURE", "MAX_LOGPROBS", "MAX_TEMPERATURE", "SEED_RANGE", "SamplingParams",
+           "sampling_params"]
 
 MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the OpenAI API allows)
+# A temperature at or below this is greedy (vLLM's rule: dividing by a tiny temperature overflows the logits
+# to inf, and their softmax is NaN); the upper bound is the OpenAI API's.
+GREEDY_TEMPERATURE = 1e-5
+MAX_TEMPERATURE = 2.0
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
@@ -41,7 +46,8 @@ class SamplingParams:
 
     max_new_tokens: int | None = _f(128, "generate at most this many tokens (128); None: as many as the model's "
                                          "context and the KV cache allow (decided by the engine at admission)")
-    temperature: float = _f(0.0, "0 = greedy (default); otherwise logits / temperature")
+    temperature: float = _f(0.0, f"in [0, {MAX_TEMPERATURE:g}]; 0 = greedy (default; so is any temperature ≤ "
+                                 f"{GREEDY_TEMPERATURE:g}, stored as 0); otherwise logits / temperature")
     top_k: int = _f(0, "keep the k most likely tokens (0 = off)")
     top_p: float = _f(1.0, "keep the smallest set of most likely tokens whose probability reaches top_p (1 = off)")
     min_p: float = _f(0.0, "drop tokens with probability < min_p x the largest probability (0 = off)")
@@ -70,8 +76,10 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be ≥ 0, got {self.temperature}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:  # NaN and ±inf fail too
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        if self.temperature <= GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
         if self.top_k < 0:
             raise ValueError(f"top_k must be ≥ 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

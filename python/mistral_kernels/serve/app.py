@@ -17,6 +17,7 @@ default; chat asks with ``logprobs: true`` and ``top_logprobs: 0..20``, completi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -32,6 +33,7 @@ from ..engine import AdmissionError, CheckedRequest, Completion
 from ..llm import LLM
 from ..logprobs import TokenLogprob
 from .async_engine import AsyncEngine, DoneEvent, Overloaded, RequestStream, TextEvent
+from .body import DEFAULT_MAX_REQUEST_BYTES, parse_body
 from .errors import APIError, install_error_handlers
 from .logprobs_format import LogprobFormatter
 from .metrics import ServerMetrics
@@ -47,14 +49,17 @@ class ServerState:
     served_model_name: str
     engine: AsyncEngine
     metrics: ServerMetrics
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
-def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: EngineMirror | None = None
-              ) -> FastAPI:
+def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: EngineMirror | None = None,
+              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """The app over a loaded :class:`~mistral_kernels.llm.LLM`; its engine loop runs while the app does
-    (``mirror``: rank 0 of ``serve --tp N``, see :mod:`.tp`)."""
+    (``mirror``: rank 0 of ``serve --tp N``, see :mod:`.tp`; ``max_request_bytes``: the body cap, see
+    :mod:`.body`)."""
     metrics = ServerMetrics(llm.engine)
-    state = ServerState(llm, served_model_name, AsyncEngine(llm.engine, metrics, max_waiting, mirror), metrics)
+    state = ServerState(llm, served_model_name, AsyncEngine(llm.engine, metrics, max_waiting, mirror), metrics,
+                        max_request_bytes)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -83,21 +88,25 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: 
                                             "max_model_len": llm.model.config.max_position}]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest, state.max_request_bytes)
         _check_model(state, body)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            prompt = llm.tokenizer.apply_chat_template(messages)  # type: ignore[arg-type]
+            # tokenized off the event loop: a long prompt does not stall other clients
+            prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, messages)  # type: ignore
         except ValueError as e:
             raise APIError(400, f"messages: {e}", "messages") from e
         return await _serve(state, request, body, [prompt], "messages", chat=True)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest, state.max_request_bytes)
         _check_model(state, body)
-        return await _serve(state, request, body, _prompts(state, body.prompt), "prompt", chat=False)
+        prompts = await asyncio.to_thread(_prompts, state, body.prompt)  # tokenized off the event loop
+        return await _serve(state, request, body, prompts, "prompt", chat=False)
 
     return app
 
@@ -199,7 +208,6 @@ async def _completions_unless_disconnected(request: Request,
                                            streams: list[RequestStream]) -> list[Completion | None] | None:
     """Wait for every stream's completion; None if the client disconnects first. Either way the streams are
     aborted on the way out (a no-op for finished ones), so a request nobody waits for frees its KV blocks."""
-    import asyncio
 
     async def all_done() -> list[Completion | None]:
         return [await s.completion() for s in streams]
@@ -227,9 +235,10 @@ def _sse_line(obj: dict[str, Any] | str) -> str:
 async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list[list[int]], chat: bool,
                include_usage: bool, fmt: LogprobFormatter | None) -> AsyncIterator[str]:
     """Server-sent events of all choices, interleaved as their pieces arrive; aborts them when the client
-    goes away (the generator is closed or cancelled). With ``fmt``, each text chunk carries the logprobs of
+    goes away (the generator is closed or cancelled). A choice cut at shutdown ends with a chunk whose
+``finish_reason`` is ``"abort"``; an error event (code ``shutdown``) then precedes ``[DONE]``, so a client can
+tell a cut from a finish (the ``openai`` client raises on it). With ``fmt``, each text chunk carries the logprobs of
     the tokens generated since the previous chunk of its choice."""
-    import asyncio
 
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     offsets = [0] * len(streams)  # completions: text_offset of each choice's next token
@@ -266,7 +275,7 @@ async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list
             for i in range(len(streams)):
                 yield _sse_line({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}]})
-        open_streams = len(streams)
+        open_streams, cut = len(streams), False
         while open_streams:
             i, event = await merged.get()
             if isinstance(event, TextEvent):
@@ -276,9 +285,12 @@ async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list
             if isinstance(event, DoneEvent):
                 completions.append(event.completion)
                 yield _sse_line(chunk(i, None if chat else "", event.completion.finish_reason, ()))
-            else:
-                yield _sse_line({"error": {"message": "the server shut down before the request finished",
-                                           "type": "service_unavailable_error", "param": None, "code": "shutdown"}})
+            else:  # cut at shutdown: a last chunk that says so; the error event follows the choices
+                cut = True
+                yield _sse_line(chunk(i, None if chat else "", "abort", ()))
+        if cut:
+            yield _sse_line({"error": {"message": "the server shut down before the request finished",
+                                       "type": "service_unavailable_error", "param": None, "code": "shutdown"}})
         if include_usage:
             yield _sse_line({**head, "choices": [], "usage": _usage(prompts, completions)})
         yield _sse_line("[DONE]")

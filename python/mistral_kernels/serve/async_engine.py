@@ -11,8 +11,12 @@ event                  meaning
 logprobs)``            string is held back by the engine) and the log-probabilities of the tokens
                        generated since the last event (when the request asked for them)
 ``DoneEvent(c)``       the request finished with :class:`~mistral_kernels.engine.Completion` ``c``
-``AbortedEvent()``     the server shut down before it finished
+``AbortedEvent()``     the server shut down before it finished (cut at the shutdown deadline)
 =====================  ==========================================================================
+
+Shutdown: :meth:`AsyncEngine.begin_shutdown` refuses new requests; with ``cut_after`` seconds, the loop
+aborts what is still running once they have passed and sends each an ``AbortedEvent``, so the HTTP side
+can end its response properly (a last chunk, an error event, ``[DONE]``) before the server closes.
 
 Loop: take every queued command (waiting up to 50 ms for one when the engine is idle), run one
 :meth:`Engine.step`, and publish what it returns (:class:`~mistral_kernels.output.RequestOutput`): each
@@ -136,6 +140,7 @@ class AsyncEngine:
         self._tracked: dict[int, _Tracked] = {}
         self._stop = threading.Event()
         self._draining = False
+        self._cut_at: float | None = None  # monotonic time at which running requests are aborted
         self._thread = threading.Thread(target=self._loop, name="mistral-kernels-engine", daemon=True)
         self.error: BaseException | None = None
 
@@ -143,9 +148,12 @@ class AsyncEngine:
     def start(self) -> None:
         self._thread.start()
 
-    def begin_shutdown(self) -> None:
-        """Stop accepting requests (503); the running ones go on."""
+    def begin_shutdown(self, cut_after: float | None = None) -> None:
+        """Stop accepting requests (503); the running ones go on, for at most ``cut_after`` seconds (None:
+        until :meth:`stop`), then each gets an ``AbortedEvent``."""
         self._draining = True
+        if cut_after is not None and self._cut_at is None:
+            self._cut_at = time.monotonic() + cut_after
 
     def stop(self, timeout: float = 10.0) -> None:
         """Abort what is left and join the loop thread."""
@@ -180,6 +188,8 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self._take_commands(wait=not self.engine.has_unfinished())
+                if self._cut_at is not None and time.monotonic() >= self._cut_at and self._tracked:
+                    self._abort_tracked(mirrored=True)
                 if self.engine.has_unfinished():
                     if self.mirror is not None:
                         self.mirror.before_step()
@@ -266,7 +276,15 @@ class AsyncEngine:
                 break
             if isinstance(cmd, _Add):
                 cmd.result.set_exception(Overloaded("the server is shutting down"))
+        self._abort_tracked(mirrored=False)
+
+    def _abort_tracked(self, mirrored: bool) -> None:
+        """Abort every running request and tell its client (``mirrored``: the other ranks of ``--tp`` go on
+        stepping, so they abort it too)."""
         for rid, t in list(self._tracked.items()):
-            self.engine.abort(rid)
+            if self.engine.abort(rid):
+                self.metrics.aborted.inc()
+            if mirrored and self.mirror is not None:
+                self.mirror.aborted(rid)
             self._publish(t, AbortedEvent())
         self._tracked.clear()

@@ -1,11 +1,17 @@
 """OpenAI-format errors: ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status.
 
-Every failure a client can cause ends here as a JSON error; the server stays up. Validation errors of the
-request body name the field (``param``), e.g. ``temperature``, ``messages.0.role`` or ``top_p``.
+Every failure a client can cause ends here as a JSON error; the server stays up. An unexpected exception is
+logged and answered as a JSON 500 too (:class:`_CatchAll`): it never reaches uvicorn, which would close the
+kept-alive connection under the client's next request. Validation errors of the
+request body name the field (``param``), e.g. ``temperature``, ``messages.0.role`` or ``top_p``. Field types
+are strict, as the OpenAI API's: ``"2"`` is not an integer, ``"yes"`` or ``1`` not a boolean, ``true`` not
+an integer (an integer is a number, though: ``temperature: 1`` is fine).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["APIError", "error_body", "install_error_handlers"]
 
@@ -54,6 +61,8 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
     msg = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         msg = "field required"
+    elif isinstance(first.get("input"), (bool, int, float, str)) and len(str(first.get("input"))) <= 40:
+        msg += f" (got {json.dumps(first['input'])})"
     text = f"{param}: {msg}" if param else f"request body: {msg} (send a JSON object)"
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem(s))"
@@ -70,7 +79,34 @@ def _api(_: Request, exc: Exception) -> JSONResponse:
     return _respond(exc)
 
 
+class _CatchAll:
+    """ASGI middleware: an exception no handler took becomes a logged JSON 500 (if the response has not
+    started; otherwise the response is cut where it was), and is not re-raised."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as e:  # noqa: BLE001 - every failure is answered, none closes the connection
+            logging.getLogger("mistral_kernels.serve").exception("error serving %s", scope.get("path"))
+            if not started:
+                await _respond(APIError(500, f"internal error: {type(e).__name__}: {e}"))(scope, receive, send)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_middleware(_CatchAll)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(APIError, _api)

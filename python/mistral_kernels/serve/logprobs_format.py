@@ -16,7 +16,14 @@
   streaming).
 
 A token's text is its own decoding (special tokens included); a token that is only part of a UTF-8
-character decodes to U+FFFD. Log-probabilities of -inf (a token the model rules out) are sent as -9999.0,
+character decodes to U+FFFD, but its chat ``bytes`` are its real bytes (:meth:`Tokenizer.token_bytes`), so
+the bytes of consecutive entries join to the text's UTF-8 — that is what the field is for.
+
+Which tokens have an entry: chat leaves out EOS tokens (their text is not in the content), so the entries'
+bytes join to exactly the content's UTF-8 when the choice ends on EOS or a length limit, as the OpenAI API
+does (a stop string's tokens keep their entries though the content is cut before it). Completions keep one
+entry per generated token, EOS included (vLLM's convention; their count is ``usage.completion_tokens``).
+Log-probabilities of -inf (a token the model rules out) are sent as -9999.0,
 which JSON can carry.
 """
 
@@ -43,6 +50,7 @@ class LogprobFormatter:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._texts: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
 
     def text(self, token_id: int) -> str:
         t = self._texts.get(token_id)
@@ -51,12 +59,17 @@ class LogprobFormatter:
         return t
 
     def _chat_token(self, token_id: int, lp: float) -> dict[str, Any]:
-        t = self.text(token_id)
-        return {"token": t, "logprob": _value(lp), "bytes": list(t.encode("utf-8"))}
+        b = self._bytes.get(token_id)
+        if b is None:
+            b = self._bytes[token_id] = list(self._tokenizer.token_bytes(token_id))
+        return {"token": self.text(token_id), "logprob": _value(lp), "bytes": b}
 
     def chat(self, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The chat object; EOS entries are left out (see the module's docstring)."""
+        eos = self._tokenizer.eos_ids
         return {"content": [{**self._chat_token(e.token_id, e.logprob),
-                             "top_logprobs": [self._chat_token(t, v) for t, v in e.top]} for e in entries],
+                             "top_logprobs": [self._chat_token(t, v) for t, v in e.top]}
+                            for e in entries if e.token_id not in eos],
                 "refusal": None}
 
     def completion(self, entries: Sequence[TokenLogprob], offset: int = 0) -> tuple[dict[str, Any], int]:

@@ -1,7 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic models).
 
 Requests are validated here, so a bad field becomes a 400 naming it (see :mod:`.errors`); unknown fields
-are ignored, as the OpenAI API does for clients that send newer ones. Responses are plain dicts built by
+are ignored, as the OpenAI API does for clients that send newer ones. Types are strict (pydantic's strict
+mode): a string is not coerced to a number or a boolean, nor a boolean to an integer. Responses are plain dicts built by
 :mod:`.app` with these shapes:
 
 * chat completion ``{"id", "object": "chat.completion", "created", "model", "choices": [{"index",
@@ -36,7 +37,7 @@ class InvalidField(ValueError):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):

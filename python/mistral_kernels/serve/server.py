@@ -1,7 +1,9 @@
 """``mistral-kernels serve``: load the model, run the app under uvicorn, shut down gracefully.
 
 SIGINT / SIGTERM: stop accepting connections, answer new requests 503, let in-flight requests finish
-(at most ``--shutdown-timeout`` seconds, then they are cancelled and aborted), stop the engine loop, exit 0.
+(at most ``--shutdown-timeout`` seconds; then the engine aborts them and each response ends properly: a
+stream with a ``finish_reason: "abort"`` chunk, an error event and ``[DONE]``, a plain request with a 503),
+stop the engine loop, exit 0. uvicorn itself cancels what is left :data:`_FLUSH_SECONDS` later.
 
 ``--tp N`` under torchrun: every rank loads its shard; rank 0 listens and broadcasts its engine operations,
 the other ranks follow them (:mod:`.tp`); every rank exits 0 after a shutdown signal.
@@ -25,6 +27,9 @@ from .app import build_app
 from .tp import EngineMirror, control_group, follow
 
 __all__ = ["serve_main"]
+
+
+_FLUSH_SECONDS = 2.0  # after the cut, the time responses have to send their last bytes
 
 
 class _Server(uvicorn.Server):
@@ -66,10 +71,12 @@ def serve_main(args: argparse.Namespace, parallel: ParallelContext | None = None
         print(f"{prefix}: stopped", file=sys.stderr, flush=True)
         return 0
     name = args.served_model_name or Path(llm.path).name
-    app = build_app(llm, name, max_waiting=args.max_waiting, mirror=EngineMirror(group) if tp else None)
+    app = build_app(llm, name, max_waiting=args.max_waiting, mirror=EngineMirror(group) if tp else None,
+                    max_request_bytes=args.max_request_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=args.shutdown_timeout)
-    server = _Server(config, app.state.server.engine.begin_shutdown)
+                            timeout_graceful_shutdown=args.shutdown_timeout + _FLUSH_SECONDS)
+    engine = app.state.server.engine
+    server = _Server(config, lambda: engine.begin_shutdown(cut_after=args.shutdown_timeout))
     print(f"mistral-kernels serve: '{name}' on http://{args.host}:{args.port} (load {llm.load_seconds:.1f} s)",
           file=sys.stderr, flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -31,6 +31,12 @@ class Tokenizer(ABC):
     def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of a conversation in the model's chat format, ending with the assistant turn's opening."""
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for. A token may be part of a UTF-8 character: its own bytes then, not
+        those of the U+FFFD its decoding alone gives. Default: the UTF-8 of its decoding (kinds that know
+        their pieces' bytes override it)."""
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         """A fresh :class:`IncrementalDecoder` for streaming one sequence."""
         return IncrementalDecoder(self, skip_special_tokens)

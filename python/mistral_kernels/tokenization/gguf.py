@@ -36,6 +36,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 
 from ..checkpoint.gguf_header import read_gguf_metadata
 from .hf import HFTokenizer
+from .byte_level import byte_alphabet
 
 # The regexes below are the pre-tokenizer splits named by `tokenizer.ggml.pre` (the same ones llama.cpp applies).
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -74,21 +75,9 @@ _PRE_SPLITS: dict[str, tuple[bool, str]] = {
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The GPT-2 byte alphabet: printable bytes map to themselves, the others to code points 256+."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def _byte_level_model(tokens: list[str], merges: list[str], pre: str) -> Tokenizer:
-    alphabet = set(_bytes_to_unicode().values())
-    spelling = _bytes_to_unicode()
+    alphabet = set(byte_alphabet().values())
+    spelling = byte_alphabet()
     vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         # Control tokens such as <|im_start|> are spelled in plain text; everything else is in the byte alphabet.

@@ -4,11 +4,13 @@ metadata (:mod:`.gguf`). Chat prompts come from the jinja2 chat template, render
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .base import Message, Tokenizer
+from .byte_level import byte_of_char
 from .streaming import IncrementalDecoder, StreamDecoder
 
 
@@ -34,6 +36,7 @@ class HFTokenizer(Tokenizer):
             eos_id = backend.token_to_id(self.eos_token)
         self.eos_ids = frozenset(([eos_id] if eos_id is not None else []) + [int(e) for e in extra_eos])
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._byte_level: bool | None = None  # decoder is byte-level BPE's (found on first token_bytes)
 
     @property
     def backend(self) -> Any:
@@ -45,6 +48,22 @@ class HFTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A byte-fallback piece (``<0xE2>``) is its byte; a byte-level BPE piece (``ðŁ``) the bytes its
+        characters spell; other tokens (added / special tokens, SentencePiece pieces) their text's UTF-8."""
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is not None:
+            m = _BYTE_PIECE.fullmatch(piece)
+            if m is not None:
+                return bytes([int(m.group(1), 16)])
+            if self._byte_level is None:
+                state = self._tok.decoder.__getstate__() if self._tok.decoder is not None else b""
+                self._byte_level = b'"ByteLevel"' in state
+            table = byte_of_char()
+            if self._byte_level and all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return super().token_bytes(token_id)
 
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         return StreamDecoder(self, self._tok, skip_special_tokens)
@@ -67,6 +86,9 @@ class HFTokenizer(Tokenizer):
     def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         # The template writes BOS itself when the model wants one: tokenize without adding specials.
         return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _raise_exception(message: str) -> None:

@@ -35,6 +35,15 @@ class MistralCommonTokenizer(Tokenizer):
         policy = SpecialTokenPolicy.IGNORE if skip_special_tokens else SpecialTokenPolicy.KEEP
         return self._raw.decode([int(i) for i in ids], special_token_policy=policy)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """Tekken pieces are bytes (``id_to_byte_piece``); other kinds: the base rule."""
+        from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
+
+        piece = getattr(self._raw, "id_to_byte_piece", None)
+        if piece is None:
+            return super().token_bytes(token_id)
+        return bytes(piece(int(token_id), SpecialTokenPolicy.KEEP))
+
     def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
         from mistral_common.protocol.instruct.messages import AssistantMessage, SystemMessage, UserMessage
         from mistral_common.protocol.instruct.request import ChatCompletionRequest
