@@ -21,7 +21,8 @@ from mistral_kernels.llm import LLM
 VALUES: dict[str, Any] = {
     "model": "m.gguf", "tokenizer": "tok.json", "dtype": "bf16", "device": "cuda:1", "max_batch": 3,
     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "enable_prefix_caching": False,
-    "enforce_eager": True, "dequantize": True, "quantize": "int8", "tp": 2, "moe_parallel": "tensor"}
+    "enforce_eager": True, "dequantize": True, "quantize": "int8", "check_tensors": True, "tp": 2,
+    "moe_parallel": "tensor"}
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -68,7 +69,8 @@ def test_defaults_are_llms_and_kwargs_map_every_field() -> None:
     full = EngineArgs(**VALUES).to_llm_kwargs()
     assert full == {"path": "m.gguf", "device": "cuda:1", "dtype": torch.bfloat16, "max_batch": 3,
                     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "tokenizer": "tok.json",
-                    "prefix_caching": False, "enforce_eager": True, "quantized": False, "quantize": "int8"}
+                    "prefix_caching": False, "enforce_eager": True, "quantized": False, "quantize": "int8",
+                    "check_tensors": True}
 
 
 def test_bad_values_are_parse_errors_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:

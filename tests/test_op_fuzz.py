@@ -150,7 +150,7 @@ def test_rms_norm_out_may_be_x(backend_one_schedule) -> None:
 
 
 def _decode_layers_call() -> dict:
-    from .op_fuzz_cases import valid_calls
+    from .helpers.op_fuzz_cases import valid_calls
 
     return next(c for c in valid_calls("mistral_kernels") if c.op == "decode_layers").args
 

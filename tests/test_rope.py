@@ -36,6 +36,15 @@ def test_cos_sin_cache_bounds(args: tuple[int, int], match: str) -> None:
         rope_cos_sin_cache(*args, 10000.0)
 
 
+def test_checkpoint_position_bound_is_the_tables() -> None:
+    """A config's max_position is bounded (checkpoint/fields.py, which may not import ops) by the RoPE table's
+    own limit: a checkpoint that parses can always build its table."""
+    from mistral_kernels.checkpoint.fields import LIMITS
+    from mistral_kernels.ops.rope import MAX_POSITIONS
+
+    assert LIMITS["max_position"] == (1, MAX_POSITIONS)
+
+
 def test_cos_sin_cache_chunks_agree_with_one_pass() -> None:
     """Rows built chunk by chunk (past 65536) equal the one-pass fp64 formula."""
     p = torch.tensor([0, 65535, 65536, 70000], dtype=torch.float64)

@@ -193,9 +193,10 @@ def test_health_answers_while_a_large_body_is_handled(live: Live, size: int, sta
     sender.join()
     _error(result[0], status, param)
     # /health is answered between the big request's steps, not after them (the load of other processes on
-    # the machine can delay one answer, not a whole parse and tokenization)
+    # the machine can delay one answer, not a whole parse and tokenization). A quiet machine handles the body
+    # between two probes; a blocked event loop makes the probe in flight wait for all of it (9 s measured).
     print(f"/health waits while a {size}-byte body is handled: max {max(waits):.3f} s over {len(waits)}")
-    assert len(waits) >= 3 and max(waits) < 2.5, waits
+    assert len(waits) >= 1 and max(waits) < 2.5, waits
 
 
 # ------------------------------------------------------------------ logprob bytes, the EOS entry

@@ -298,9 +298,17 @@ def valid_calls(namespace: str) -> list[Call]:
 # ---- mutations -------------------------------------------------------------------------------------------
 
 
-def _resized(t: torch.Tensor, dim: int, size: int, g: torch.Generator) -> torch.Tensor:
+# RoPE tables [P, R] (cos in the first half, sin in the second): a resized one keeps being a table — random
+# values would make the "rotation" scale q and k, and the op vs reference differences then grow with the scaled
+# terms rather than the result (ill-conditioned cases that say nothing about the kernels).
+_ROPE_TABLES = ("cos_sin", "cos_sin_cache")
+
+
+def _resized(t: torch.Tensor, dim: int, size: int, g: torch.Generator, name: str = "") -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = size
+    if name in _ROPE_TABLES and dim == 0 and t.dim() == 2:
+        return ref.rope_cos_sin_cache(size, t.shape[1], 1e4)
     if t.dtype.is_floating_point:
         return _randn(g, *shape, dtype=t.dtype)
     hi = max(int(t.max()) + 1, 1) if t.numel() else 1
@@ -336,10 +344,10 @@ def mutations(call: Call, g: torch.Generator) -> Iterator[tuple[str, dict[str, A
         twins = [w for w in call.written if w != name and call.args[w].shape == t.shape]
         for d in range(t.dim()):
             for size in sorted({t.shape[d] + 1, t.shape[d] - 1, 0} - {t.shape[d], -1}):
-                yield f"{name}.shape[{d}]={size}", {**call.args, name: _resized(t, d, size, g)}
+                yield f"{name}.shape[{d}]={size}", {**call.args, name: _resized(t, d, size, g, name)}
                 if twins:
                     yield f"{name}.shape[{d}]={size} with {', '.join(twins)}", {
-                        **call.args, name: _resized(t, d, size, g),
+                        **call.args, name: _resized(t, d, size, g, name),
                         **{w: _resized(call.args[w], d, size, g) for w in twins}}
         yield f"{name} extra dim", {**call.args, name: t.unsqueeze(0)}
         yield f"{name} 0-d", {**call.args, name: t.reshape(-1)[:1].reshape(()) if t.numel() else torch.zeros(())}

@@ -29,7 +29,7 @@ from ..config import ModelConfig
 from ..errors import CheckpointError
 from ..quant_weight import PackedWeight
 from .consolidated import CONSOLIDATED
-from .finite import check_quantized, scan_weight
+from .finite import Part, check_quantized, scan_weight
 from .footprint import WeightFootprint, weight_footprint
 from .format import Format, TokenizerSource
 from .fusion import bytes_to_read, fusion_plan, read_fused
@@ -38,6 +38,7 @@ from .hf import HF
 from .naming import Entry, ShardFn, check, expected_shapes, full_index, rename
 from .packing import PackingPlan, check_quantize, packing_plan, quantize_fused, stored_dtype
 from .source import Probe, TensorSource
+from .tensor_io import Index, selected_shape
 
 __all__ = ["FORMATS", "Checkpoint", "QuantizedFallbackWarning", "load_checkpoint", "load_config", "opened"]
 
@@ -201,7 +202,7 @@ class Checkpoint:
                 if mode == "int8":
                     dense = read_fused(fused_parts, "cpu", stored_dtype(plan.parts[fused]), bar.update, mapped)
                     int8 = weights[fused] = quantize_fused(dense, device)
-                    check_quantized(fused, int8.scales, dense, fused_parts)  # type: ignore[arg-type]
+                    check_quantized(fused, int8.scales, dense, _finite_parts(fused_parts))
                 elif mode == "packed":
                     shape = (sum(e.shape[0] for e, _ in fused_parts), *fused_parts[0][0].shape[1:])
                     weights[fused] = self._format.read_packed(plan.parts[fused], shape, self.source, device)
@@ -209,7 +210,7 @@ class Checkpoint:
                 else:
                     weights[fused] = read_fused(fused_parts, device, dtype, bar.update, mapped)
                     if check_tensors:
-                        scan_weight(fused, weights[fused], fused_parts)  # type: ignore[arg-type]
+                        scan_weight(fused, weights[fused], _finite_parts(fused_parts))
             if plan.tied_head:
                 embed = entries["embed"]
                 weights["lm_head"] = self._format.read_packed(embed.stored, embed.shape, self.source, device)
@@ -286,3 +287,9 @@ def _unrecognised(probe: Probe) -> str:
     if p.exists():
         return f"checkpoint path {p} is not a regular file or a directory"
     return f"checkpoint path {p} does not exist"
+
+
+def _finite_parts(parts: list[tuple[Entry, Index | None]]) -> list[Part]:
+    """The parts of a fused weight as the finiteness checks name them (file tensor, files, rows)."""
+    return [Part(e.origin, tuple(sorted({str(t.file) for t in e.stored})), selected_shape(e.shape, i)[0])
+            for e, i in parts]

@@ -16,7 +16,6 @@ from typing import Any
 
 from ..config import ModelConfig
 from ..errors import CheckpointError
-from ..ops.rope import MAX_POSITIONS
 
 __all__ = ["LIMITS", "Fields", "as_tuple", "build", "token_id"]
 
@@ -31,7 +30,7 @@ LIMITS: dict[str, tuple[float, float]] = {
     "vocab_size": (1, 1 << 22),        # 262144 (Gemma 3)
     "num_experts": (0, 1024),
     "top_k": (0, 1024),
-    "max_position": (1, MAX_POSITIONS),  # 2^24 (the RoPE table's bound); 1,024,000 (Mistral Nemo), 10M (Llama 4)
+    "max_position": (1, 1 << 24),      # = ops.rope.MAX_POSITIONS (tested); 1,024,000 (Mistral Nemo), 10M (Llama 4)
     "sliding_window": (1, 1 << 24),
     "rotary_dim": (2, 1024),
     "norm_eps": (0.0, 1.0),            # exclusive at 0: rsqrt(mean(x²) + eps) must not divide by 0

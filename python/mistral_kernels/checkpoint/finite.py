@@ -19,18 +19,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointError
 
-if TYPE_CHECKING:
-    from .naming import Entry
-    from .tensor_io import Index, TensorInfo
+__all__ = ["SCALE_BYTES", "Part", "check_block_scales", "check_quantized", "require_finite", "scan_weight"]
 
-__all__ = ["SCALE_BYTES", "check_block_scales", "check_quantized", "require_finite", "scan_weight"]
+
+class TensorInfo(Protocol):
+    """What the checks name (tensor_io.TensorInfo has it; this module imports nothing of the package)."""
+
+    file: Path
+    name: str
+    type_name: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+class Part(NamedTuple):
+    """One file tensor's rows of a loaded fused weight, for error messages: its name, its files, its rows."""
+
+    origin: str
+    files: tuple[str, ...]
+    rows: int
 
 # GGUF type name → byte range [a, b) of each block's fp16 scales (ggml's block layouts; a NaN / inf in any of
 # them makes the gguf package decode the block to non-finite values: tests/test_load_checks.py).
@@ -115,28 +130,23 @@ def require_finite(values: torch.Tensor, info: TensorInfo, first: int = 0) -> No
                           "this part) — the file is damaged")
 
 
-def scan_weight(fused: str, weight: torch.Tensor, parts: Sequence[tuple[Entry, Index | None]]) -> None:
+def scan_weight(fused: str, weight: torch.Tensor, parts: Sequence[Part]) -> None:
     """Every value of a loaded dense fused weight (its ``parts`` joined along dim 0) finite, or CheckpointError
     naming the part's file tensor(s) and the first inf / NaN."""
-    from .tensor_io import selected_shape  # tensor_io imports this module
-
     if _first_bad(weight) is None:
         return
     row = 0
-    for entry, index in parts:
-        rows = selected_shape(entry.shape, index)[0]
-        found = _first_bad(weight[row:row + rows])
+    for part in parts:
+        found = _first_bad(weight[row:row + part.rows])
         if found is not None:
             at, count, value = found
-            files = sorted({str(t.file) for t in entry.stored})
-            raise CheckpointError(f"{', '.join(files)}: tensor {entry.origin!r} (loaded as {fused}) holds {value} "
-                                  f"at {_position(at, weight[row:row + rows].shape)} ({count} non-finite values) "
-                                  "— the file is damaged")
-        row += rows
+            raise CheckpointError(f"{', '.join(part.files)}: tensor {part.origin!r} (loaded as {fused}) holds "
+                                  f"{value} at {_position(at, weight[row:row + part.rows].shape)} ({count} "
+                                  "non-finite values) — the file is damaged")
+        row += part.rows
 
 
-def check_quantized(fused: str, scales: torch.Tensor, dense: torch.Tensor,
-                    parts: Sequence[tuple[Entry, Index | None]]) -> None:
+def check_quantized(fused: str, scales: torch.Tensor, dense: torch.Tensor, parts: Sequence[Part]) -> None:
     """After int8 quantization of ``dense``: a row's scale (max |w| / 127) is inf / NaN exactly when the row
     holds one, so the N scales tell; then ``dense`` is scanned to name the tensor (:func:`scan_weight`)."""
     if _first_bad(scales) is not None:

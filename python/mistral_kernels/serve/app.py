@@ -50,6 +50,29 @@ class ServerState:
     engine: AsyncEngine
     metrics: ServerMetrics
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_prompt_chars: int = 0  # 0: no bound (set by build_app: _max_prompt_chars)
+
+
+# Normalizers may drop characters (control characters, NFKC folds): the character bound allows 4× for them.
+_NORMALIZER_SLACK = 4
+
+
+def _max_prompt_chars(llm: LLM) -> int:
+    """Characters past which a text cannot fit the context whatever it tokenizes to: a token spells at most
+    the longest token's bytes, a character takes at least one byte, so a text of more than context ×
+    longest-token-bytes characters (× the normalizer slack) has more tokens than the context holds. Such a
+    prompt is refused before tokenizing: a tokenizer holds the GIL while it runs (2.7 s for 5 MB, which would
+    stall every other client)."""
+    tok = llm.tokenizer
+    longest = max((len(tok.token_bytes(i)) for i in range(tok.vocab_size)), default=1)
+    return llm.model.config.max_position * max(longest, 1) * _NORMALIZER_SLACK
+
+
+def _check_prompt_chars(state: ServerState, chars: int, field: str) -> None:
+    if state.max_prompt_chars and chars > state.max_prompt_chars:
+        raise APIError(400, f"{field}: {chars} characters cannot fit the model's context of "
+                            f"{state.llm.model.config.max_position} tokens (at most {state.max_prompt_chars} "
+                            "characters are tokenized)", field, "context_length_exceeded")
 
 
 def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: EngineMirror | None = None,
@@ -59,7 +82,7 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: 
     :mod:`.body`)."""
     metrics = ServerMetrics(llm.engine)
     state = ServerState(llm, served_model_name, AsyncEngine(llm.engine, metrics, max_waiting, mirror), metrics,
-                        max_request_bytes)
+                        max_request_bytes, _max_prompt_chars(llm))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -94,6 +117,7 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: 
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        _check_prompt_chars(state, sum(len(m["content"]) for m in messages), "messages")
         try:
             # tokenized off the event loop: a long prompt does not stall other clients
             prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, messages)  # type: ignore
@@ -126,6 +150,8 @@ def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list
         prompt = [prompt]  # type: ignore[list-item]
     out = []
     for p in prompt:
+        if isinstance(p, str):
+            _check_prompt_chars(state, len(p), "prompt")
         ids = state.llm.tokenizer.encode(p) if isinstance(p, str) else list(p)  # type: ignore[arg-type]
         if not ids:
             raise APIError(400, "prompt: a prompt is empty (need at least one token)", "prompt")
