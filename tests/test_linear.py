@@ -91,3 +91,50 @@ def test_16bit_conversions_every_value(dtype: torch.dtype) -> None:
         assert torch.all((got[tiny & exact] == 0) | (got[tiny & exact] == expect[tiny & exact]))
         exact &= ~tiny
     assert torch.equal(got[exact], expect[exact])
+
+
+# ------------------------------------------------------------------ out: owned memory, named errors
+def _packed(n: int = 8, k: int = 64) -> object:
+    from mistral_kernels.quant_formats import QFORMATS
+    from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
+
+    from .helpers.quant_data import random_qweight
+
+    q8 = QuantizedWeight(random_qweight("Q8_0", n, k, seed=1)[0], QFORMATS["Q8_0"].qtype, (n, k))
+    q4 = QuantizedWeight(random_qweight("Q4_0", n, k, seed=2)[0], QFORMATS["Q4_0"].qtype, (n, k))
+    return FusedWeight((q8, q4))
+
+
+@pytest.mark.parametrize("rows", [3, 40])  # the skinny kernel and the torch GEMM path
+def test_linear_refuses_an_out_whose_elements_share_memory(rows: int) -> None:
+    x, w = torch.randn(rows, 64), torch.randn(8, 64)
+    for out in (torch.empty(8).expand(rows, 8),                       # stride-0 rows
+                torch.empty(rows + 8).as_strided((rows, 8), (1, 1))):  # rows overlapping
+        with pytest.raises(ValueError, match="linear: out must be contiguous"):
+            ops.linear(x, w, out=out)
+
+
+def test_packed_linear_checks_out_and_names_it() -> None:
+    x, w = torch.randn(3, 64), _packed()
+    with pytest.raises(ValueError, match=r"linear: out must be torch.float32 \[3, 16\]"):
+        ops.linear(x, w, out=torch.empty(3, 8))                        # too small
+    with pytest.raises(ValueError, match="linear: out must be contiguous"):
+        ops.linear(x, w, out=torch.empty(16).expand(3, 16))            # stride 0
+    big = torch.randn(3, 64)
+    with pytest.raises(ValueError, match="linear: out shares memory with x"):
+        ops.linear(big, w, out=big.view(-1)[:48].view(3, 16))          # contiguous, inside x
+    want = ops.linear(x, w)
+    out = torch.empty(3, 16)
+    assert ops.linear(x, w, out=out) is out and torch.equal(out, want)
+
+
+def test_qlinear_out_of_the_wrong_type_is_named() -> None:
+    from mistral_kernels.quant_formats import QFORMATS
+
+    from .helpers.quant_data import random_qweight
+
+    q, _ = random_qweight("Q8_0", 8, 64, seed=3)
+    with pytest.raises(TypeError, match="qlinear: out must be a torch.Tensor, got list"):
+        ops.qlinear(torch.randn(2, 64), q, QFORMATS["Q8_0"].qtype, out=[0.0] * 16)
+    with pytest.raises(ValueError, match="qlinear: out must be contiguous"):
+        ops.qlinear(torch.randn(2, 64), q, QFORMATS["Q8_0"].qtype, out=torch.empty(8).expand(2, 8))

@@ -102,6 +102,8 @@ def make_fused_moe(dense: Callable[..., torch.Tensor], kernels: Any) -> Callable
 def _own_linear(x: object, weight: Any, out: object, quant: Any) -> torch.Tensor:
     """``linear`` on a weight that is no dense tensor: the weight's own matmul."""
     if isinstance(x, torch.Tensor) and (out is None or isinstance(out, torch.Tensor)) and hasattr(weight, "linear"):
+        if out is not None:
+            _check_out(x, weight.shape[0], out)
         return weight.linear(x, quant, out)
     _raise_types(x, weight, out)
     raise AssertionError("unreachable")
@@ -122,12 +124,20 @@ def _check_gemm_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | 
         raise ValueError(f"linear: weight ({weight.dtype}, {weight.device}) must match x ({x.dtype}, {x.device})")
     if x.dim() < 1 or weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"linear: need x [..., K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    if out is None:
-        return
-    shape = (*x.shape[:-1], weight.shape[0])
+    if out is not None:
+        _check_out(x, weight.shape[0], out, weight)
+
+
+def _check_out(x: torch.Tensor, n: int, out: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+    """``out`` of ``linear`` (dense or packed weight): x's dtype and device, [..., N], contiguous — so it owns
+    each of its elements (no stride-0 or overlapping rows) — and no memory shared with x or the weight."""
+    shape = (*x.shape[:-1], n)
     if out.dtype != x.dtype or out.device != x.device or tuple(out.shape) != shape:
         raise ValueError(f"linear: out must be {x.dtype} {list(shape)} on {x.device}, got {out.dtype} "
                          f"{list(out.shape)} on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"linear: out must be contiguous (each element its own memory), got strides "
+                         f"{list(out.stride())}; pass torch.empty({list(shape)}) or .contiguous()")
     for name, t in (("x", x), ("weight", weight)):
-        if out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+        if t is not None and out.numel() and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
             raise ValueError(f"linear: out shares memory with {name}; pass a separate output tensor")

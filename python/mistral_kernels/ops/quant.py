@@ -48,8 +48,13 @@ class QuantOps(OpFamily):
         lead = x.shape[:-1]
         if out is None:
             out = x.new_empty((*lead, n))
-        elif tuple(out.shape) != (*lead, n):
-            raise ValueError(f"qlinear: out must be {[*lead, n]}, got {list(out.shape)}")
+        else:
+            require_tensor("qlinear", "out", out)
+            if tuple(out.shape) != (*lead, n):
+                raise ValueError(f"qlinear: out must be {[*lead, n]}, got {list(out.shape)}")
+            if not out.is_contiguous():
+                raise ValueError(f"qlinear: out must be contiguous (each element its own memory), got strides "
+                                 f"{list(out.stride())}")
         rows = x.numel() // k if k else 0
         x2 = x.reshape(rows, k) if x.dim() != 2 else x
         o2 = out.view(rows, n) if out.dim() != 2 else out
