@@ -129,6 +129,8 @@ void parse_parts(const char* op, const Kind& kd, int64_t L, int64_t N, int64_t K
               " (one dense matrix or the packed parts of one, per layer)");
 }
 
+constexpr int64_t kMaxHeads = 1 << 16;  // query heads (the largest models have a few hundred)
+
 // Written tensors (x, residual, every k_cache / v_cache) own their bytes: pairwise disjoint, and no read tensor
 // (norms, matrix parts, scales) lies in any of them — the layers run in one call, so a weight in x's memory
 // would be overwritten before it is read. All are contiguous: byte intervals, checked sorted, O(n log n).
@@ -249,6 +251,8 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
   TORCH_CHECK(S > 0 && Hkv > 0 && D > 0, op, ": k_cache[0] must have S, Hkv, D > 0, got shape ", k_cache[0].sizes());
   TORCH_CHECK(n_heads > 0 && n_heads % Hkv == 0, op, ": n_heads must be a positive multiple of Hkv = ", Hkv,
               " (k_cache[0].shape[2]), got ", n_heads);
+  // Before any product with it: (n_heads + 2·Hkv)·D sizes qkv's rows (a larger n_heads would overflow int64).
+  TORCH_CHECK(n_heads <= kMaxHeads, op, ": n_heads must be at most ", kMaxHeads, ", got ", n_heads);
   const int64_t R = cos_sin.size(1);
   TORCH_CHECK(R % 2 == 0 && R <= D, op, ": cos_sin.shape[1] (rot_dim) must be even and <= head_dim ", D, ", got ", R);
   TORCH_CHECK(!w2.empty(), op, ": w2 is empty but attn_norm has ", L, " layers");

@@ -497,6 +497,9 @@ def _written(args: dict[str, Any], name: str) -> torch.Tensor:
     return args[base][int(i)] if i else args[base]
 
 
+_COMPOSITE_OPS = ("decode_layers",)  # compared with a tolerance scaled by the output's magnitude (judge)
+
+
 def judge(namespace: str, call: Call, args: dict[str, Any]) -> str:
     """'ok: ...' or 'FAIL: ...' for one case."""
     fn = getattr(getattr(torch.ops, namespace), call.op)
@@ -521,7 +524,13 @@ def judge(namespace: str, call: Call, args: dict[str, Any]) -> str:
             return f"FAIL: {name} has shape {tuple(got.shape)}, the reference {tuple(exp.shape)}"
         if exp.dtype.is_floating_point:
             tol = 2e-2 if torch.bfloat16 in (got.dtype, exp.dtype) else 1e-4
-            if not torch.allclose(got.float(), exp.float(), atol=tol, rtol=tol, equal_nan=True):
+            atol = tol
+            if call.op in _COMPOSITE_OPS and exp.numel():
+                # whole decoder layers: fp32 rounding differences scale with the terms summed (|x| ~ 100s after
+                # two random layers), not with each output element, some of which come out of cancellation
+                finite = exp.float()[exp.float().isfinite()]
+                atol = tol * max(1.0, float(finite.abs().max())) if finite.numel() else tol
+            if not torch.allclose(got.float(), exp.float(), atol=atol, rtol=tol, equal_nan=True):
                 return f"FAIL: {name} differs from the reference (max err {(got.float() - exp.float()).abs().max()})"
         elif not torch.equal(got.long(), exp.long()):
             return f"FAIL: {name} differs from the reference"
