@@ -67,17 +67,7 @@ class Kernel:
     dynamic_smem: int = 0
 
 
-def _short(demangled: str) -> str:
-    """'void mk::abi_cuda::k<float, mk::abi_cuda::Tile<64>>(mk::abi_cuda::P<float>)' → 'k<float, Tile<64>>'."""
-    name = demangled.removeprefix("void ")
-    depth = 0
-    for i, c in enumerate(name):  # cut the parameter list: the first '(' outside template brackets
-        depth += c == "<"
-        depth -= c == ">"
-        if c == "(" and depth == 0:
-            name = name[:i]
-            break
-    return re.sub(r"(?<![\w:])(?:\w+::)+", "", name)  # every namespace, template arguments' included
+_short = sass_budget.short_name  # one demangled-name rule for both checks
 
 
 def _compile(arch: str) -> tuple[str, str]:
