@@ -9,6 +9,7 @@ key         meaning
 ``help``    the flag's help text (required: it is the field's documentation too)
 ``flag``    the flag's name (default: ``--`` + the field name with ``-`` for ``_``)
 ``choices`` the allowed values
+``parse``   text → one value, where the type's constructor does not parse it (e.g. ``"5=-100"`` → (5, -100.0))
 ==========  ==========================================================================================
 
 The field's type gives the flag's kind: ``bool`` → a switch (``--x``; with a True default ``--x`` /
@@ -54,19 +55,20 @@ def _kind(hint: Any) -> tuple[str, type]:
     raise TypeError(f"dataclass_cli: no flag for a field of type {hint!r}")
 
 
-def _parser(name: str, item: type, kind: str, check: Check | None) -> Callable[[str], Any]:
+def _parser(name: str, item: Any, kind: str, check: Check | None,
+            convert: Callable[[str], Any] | None = None) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
-            value = item(text)
+            value = (convert or item)(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {item.__name__} value: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"invalid {getattr(item, '__name__', name)} value: {text!r}") from None
         if check is not None:
             try:
                 check(name, (value,) if kind == "repeat" else value)
             except ValueError as e:
                 raise argparse.ArgumentTypeError(str(e)) from None
         return value
-    parse.__name__ = item.__name__
+    parse.__name__ = getattr(item, "__name__", name)
     return parse
 
 
@@ -88,7 +90,7 @@ def add_fields(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: t
             action = argparse.BooleanOptionalAction if default else "store_true"
             parser.add_argument(flags[f.name], action=action, default=default, **kw)
             continue
-        kw["type"] = _parser(f.name, item, kind, check)
+        kw["type"] = _parser(f.name, item, kind, check, f.metadata.get("parse"))
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         if kind == "repeat":

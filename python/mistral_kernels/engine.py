@@ -84,6 +84,7 @@ class Engine:
         if eos_ids is None:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)
+        self.runner.eos_ids = self.output.eos_ids
         self.stats = EngineStats()
         self._traffic = DecodeTraffic.of(model)
         self._next_id = 0
@@ -165,6 +166,7 @@ class Engine:
         bad = [t for t in ids if not 0 <= t < v]
         if bad:
             raise ValueError(f"prompt_ids contains {bad[:5]} outside the vocabulary [0, {v})")
+        params.check_vocabulary(v)
         n = self.max_new_tokens_for(len(ids), params.max_new_tokens, copies)
         if n != params.max_new_tokens:
             params = dataclasses.replace(params, max_new_tokens=n)

@@ -2,10 +2,12 @@
 
 Host-only. For each sampled token of a request, in this order:
 
-1. append it and detokenise incrementally (text with special tokens skipped);
-2. a stop string found in the text → finish "stop", the text is cut before the string (searched only
-   in the tail a new match can touch: the last ``len(longest stop) - 1`` old characters + the new text);
-3. else a ``stop_token_ids`` token, or an EOS token (unless ``ignore_eos``) → "stop";
+1. append it and detokenise incrementally (special tokens skipped unless ``skip_special_tokens=False``);
+2. a stop string found in the text (once ``min_tokens`` tokens are out) → finish "stop", the text is cut
+   before the string, or after it with ``include_stop_str_in_output`` (searched only in the tail a new match
+   can touch: the last ``len(longest stop) - 1`` old characters + the new text);
+3. else a ``stop_token_ids`` token, or an EOS token (unless ``ignore_eos``) → "stop"; that token's own text
+   is left out unless ``include_stop_str_in_output`` (as vLLM does);
 4. else ``max_new_tokens`` reached → "length".
 
 Each processed token gives the request's :class:`RequestOutput` of the step: the new token ids, the text
@@ -107,7 +109,8 @@ class OutputProcessor:
 
     def add(self, request: Request) -> None:
         """Start tracking a new request's text."""
-        dec = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
+        dec = self.tokenizer.incremental_decoder(request.params.skip_special_tokens) \
+            if self.tokenizer is not None else None
         self._states[request.rid] = _TextState(request, dec)
 
     def process(self, requests: Sequence[Request], token_ids: Sequence[int], now: float,
@@ -159,16 +162,18 @@ class OutputProcessor:
         if r.timings.first_token is None:
             r.timings.first_token = now
         r.output_ids.append(tok)
+        before = len(st.text)
         if st.decoder is not None:
-            before = len(st.text)
             st.text += st.decoder.push([tok])
-            if p.stop:
+            if p.stop and len(r.output_ids) >= p.min_tokens:
                 # Search only where a new match can be: the tail that includes the new text.
                 start = max(0, before - max(len(s) for s in p.stop) + 1)
                 hits = [(st.text.find(s, start), s) for s in p.stop]
                 hits = [(i, s) for i, s in hits if i >= 0]
                 if hits:
                     pos, s = min(hits)
+                    if p.include_stop_str_in_output:
+                        pos += len(s)
                     st.text = st.text[:pos]
                     st.emitted = min(st.emitted, pos)
                     r.finish_reason, r.stop_reason = "stop", s
@@ -181,3 +186,5 @@ class OutputProcessor:
             r.finish_reason = "length"
         if r.finish_reason is not None and st.decoder is not None:
             st.text += st.decoder.flush()
+            if r.stop_reason == tok and not p.include_stop_str_in_output:
+                st.text = st.text[:before]  # the stop / EOS token's own text is not output

@@ -81,6 +81,7 @@ class ModelRunner:
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.seed()
         self._broadcast = getattr(model, "broadcast_tokens", None)
+        self.eos_ids: frozenset[int] = frozenset()  # what min_tokens masks (set by the engine)
         if enforce_eager is None:
             enforce_eager = self.device.type != "cuda" or self._broadcast is not None
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
@@ -136,10 +137,11 @@ class ModelRunner:
         if not samplers:
             return [], None
         penalized = any(r.params.needs_history for r in samplers)
+        counted = penalized or any(r.params.min_tokens for r in samplers)
         next_ids = sample(logits, [r.params for r in samplers],
                           [r.generator or self._default_generator for r in samplers],
                           [r.all_ids for r in samplers] if penalized else None,
-                          [r.output_ids for r in samplers] if penalized else None)  # [N]
+                          [r.output_ids for r in samplers] if counted else None, eos_ids=self.eos_ids)  # [N]
         if self._broadcast is not None:  # tensor parallel: rank 0's tokens everywhere
             next_ids = self._broadcast(next_ids)
         logprobs = token_logprobs(logits, next_ids, [r.params.logprobs for r in samplers]) \

@@ -1,5 +1,5 @@
 """Next-token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence / frequency
-penalties, seeds.
+penalties, logit bias and min_tokens (:mod:`.logit_bias`), seeds.
 
 Shape letters: B sequences (rows of the logits), V vocabulary.
 
@@ -16,10 +16,11 @@ per vocabulary entry, which picks token i with probability p_i exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
+from .logit_bias import adjusts_logits, apply_logit_bias, apply_min_tokens
 from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 from .transfer import to_device
 
@@ -90,7 +91,8 @@ def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None],
            seen: Sequence[Sequence[int]] | None = None,
-           generated: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+           generated: Sequence[Sequence[int]] | None = None, *,
+           eos_ids: Collection[int] = ()) -> torch.Tensor:
     """Sample one token per row.
 
     Parameters
@@ -100,7 +102,9 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     params : B SamplingParams
     generators : B generators (or None: torch's default generator) used by the non-greedy rows
     seen : B token lists (prompt + generated so far); needed when a row has repetition_penalty ≠ 1
-    generated : B token lists (generated so far); needed when a row has a presence / frequency penalty
+    generated : B token lists (generated so far); needed when a row has a presence / frequency penalty or
+        ``min_tokens``
+    eos_ids : the ids ``min_tokens`` masks (with each row's ``stop_token_ids``); see :mod:`.logit_bias`
 
     Returns
     -------
@@ -112,7 +116,8 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     pen_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
     pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if not (pen_rows or pf_rows or rand_rows):
+    adjusted = any(adjusts_logits(p) for p in params)
+    if not (pen_rows or pf_rows or rand_rows or adjusted):
         # Greedy batch: the argmax of the logits as given (a 16-bit → fp32 cast is exact and monotone, so the
         # same ids, lowest on ties), no fp32 copy, no probabilities.
         return logits.argmax(dim=-1)
@@ -125,6 +130,12 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         if generated is None:
             raise ValueError("sample: presence / frequency penalties need `generated` (each row's output tokens)")
         _presence_frequency(x, pf_rows, params, generated)
+    if adjusted:
+        apply_logit_bias(x, params)
+        if any(p.min_tokens for p in params):
+            if generated is None:
+                raise ValueError("sample: min_tokens needs `generated` (each row's output tokens)")
+            apply_min_tokens(x, params, [len(g) for g in generated], eos_ids)
     out = x.argmax(dim=-1)
     if not rand_rows:
         return out

@@ -19,8 +19,8 @@ from typing import Any
 
 from .dataclass_cli import add_fields, field_flags, values_from
 
-__all__ = ["FIELD_NAMES", "GREEDY_TEMPERATURE", "MAX_LOGPROBS", "MAX_TEMPERATURE", "SEED_RANGE", "SamplingParams",
-           "sampling_params"]
+__all__ = ["FIELD_NAMES", "GREEDY_TEMPERATURE", "LOGIT_BIAS_RANGE", "MAX_LOGPROBS", "MAX_TEMPERATURE", "SEED_RANGE",
+           "SamplingParams", "sampling_params"]
 
 MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the OpenAI API allows)
 # A temperature at or below this is greedy (vLLM's rule: dividing by a tiny temperature overflows the logits
@@ -28,6 +28,15 @@ MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (as the O
 GREEDY_TEMPERATURE = 1e-5
 MAX_TEMPERATURE = 2.0
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # the OpenAI API's bounds of one logit_bias value
+
+
+def _parse_bias(text: str) -> tuple[int, float]:
+    """``"50256=-100"`` → (50256, -100.0): one ``--logit-bias`` flag value."""
+    tok, sep, bias = text.partition("=")
+    if not sep:
+        raise ValueError(f"logit_bias entries are TOKEN_ID=BIAS, got {text!r}")
+    return int(tok), float(bias)
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -68,12 +77,22 @@ class SamplingParams:
                                     "and the k most likely tokens' under the raw model distribution "
                                     "(log_softmax of the logits, before penalties, temperature and filters; "
                                     "see mistral_kernels.logprobs); none: off")
+    logit_bias: tuple[tuple[int, float], ...] = _f(
+        (), f"token id → bias added to its logit before sampling, bias in [{LOGIT_BIAS_RANGE[0]:g}, "
+            f"{LOGIT_BIAS_RANGE[1]:g}] (OpenAI rule; -100 bans a token, +100 all but forces it); a dict or "
+            "(id, bias) pairs; on the command line TOKEN_ID=BIAS, repeatable", parse=_parse_bias)
+    min_tokens: int = _f(0, "generate at least this many tokens: EOS and stop_token_ids are masked and stop "
+                            "strings not matched before (0 = off)")
+    include_stop_str_in_output: bool = _f(False, "keep the matched stop string (or the text of the stop / EOS "
+                                                 "token that ended generation) at the end of the text")
+    skip_special_tokens: bool = _f(True, "leave special tokens (<|im_end|>, [TOOL_CALLS], ...) out of the text")
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:  # NaN and ±inf fail too
@@ -97,6 +116,16 @@ class SamplingParams:
             raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.min_tokens < 0 or (self.max_new_tokens is not None and self.min_tokens > self.max_new_tokens):
+            raise ValueError(f"min_tokens must be in [0, max_new_tokens], got {self.min_tokens}")
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Token ids of ``logit_bias`` and ``stop_token_ids`` are in [0, vocab_size) (the engine calls this
+        when it admits a request; the message begins with the field)."""
+        for name, ids in (("logit_bias", [t for t, _ in self.logit_bias]), ("stop_token_ids", self.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} has token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})")
 
     @property
     def greedy(self) -> bool:
@@ -133,6 +162,24 @@ class SamplingParams:
 FIELD_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 SamplingParams.__doc__ = (SamplingParams.__doc__ or "") + "".join(
     f"    {f.name} : {f.metadata['help']}\n" for f in dataclasses.fields(SamplingParams))
+
+
+def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """A logit_bias mapping or (id, bias) pairs → sorted (int id, float bias) pairs, each checked."""
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    out: dict[int, float] = {}
+    for pair in items:
+        if len(pair) != 2:
+            raise ValueError(f"logit_bias must map token ids to biases, got the entry {pair!r}")
+        tok, value = pair
+        if isinstance(tok, bool) or not isinstance(tok, int) and not (isinstance(tok, str) and tok.strip().isdigit()):
+            raise ValueError(f"logit_bias keys must be token ids (integers), got {tok!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not LOGIT_BIAS_RANGE[0] <= value <= LOGIT_BIAS_RANGE[1]:
+            raise ValueError(f"logit_bias values must be numbers in [{LOGIT_BIAS_RANGE[0]:g}, "
+                             f"{LOGIT_BIAS_RANGE[1]:g}], got {value!r} for token {tok}")
+        out[int(tok)] = float(value)
+    return tuple(sorted(out.items()))
 
 
 def _check_field(name: str, value: Any) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .streaming import IncrementalDecoder
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+# {"role": "system" | "user" | "assistant", "content": str}; with tools also role "tool" (+ "tool_call_id") and
+# assistant "tool_calls" (OpenAI shape, content None) — see mistral_kernels.tools.prompt
+Message = dict[str, Any]
 
 
 class Tokenizer(ABC):
@@ -28,8 +31,11 @@ class Tokenizer(ABC):
         """Text of ``ids``."""
 
     @abstractmethod
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a conversation in the model's chat format, ending with the assistant turn's opening."""
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """Token ids of a conversation in the model's chat format, ending with the assistant turn's opening;
+        ``tools``: OpenAI tool definitions offered to the model (kinds whose format has no tools ignore them:
+        :mod:`mistral_kernels.tools.prompt` decides what to pass)."""
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for. A token may be part of a UTF-8 character: its own bytes then, not

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,10 @@ class HFTokenizer(Tokenizer):
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         return StreamDecoder(self, self._tok, skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The chat template rendered to text (special tokens spelled out)."""
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The chat template rendered to text (special tokens spelled out); ``tools`` is passed to the template
+        as transformers' ``apply_chat_template(tools=...)`` does."""
         if not self.chat_template:
             raise ValueError(f"this {self.kind} tokenizer has no chat template; generate without --chat")
         import jinja2
@@ -80,12 +82,14 @@ class HFTokenizer(Tokenizer):
         env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = _raise_exception
         template = env.from_string(self.chat_template)
+        extra = {"tools": list(tools)} if tools else {}
         return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         # The template writes BOS itself when the model wants one: tokenize without adding specials.
-        return self.encode(self.render_chat(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), add_special_tokens=False)
 
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")

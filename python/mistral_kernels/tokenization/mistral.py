@@ -3,8 +3,10 @@ prompts through the ``mistral-common`` package (an optional dependency)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from .base import Message, Tokenizer
 
@@ -44,14 +46,39 @@ class MistralCommonTokenizer(Tokenizer):
             return super().token_bytes(token_id)
         return bytes(piece(int(token_id), SpecialTokenPolicy.KEEP))
 
-    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        from mistral_common.protocol.instruct.messages import AssistantMessage, SystemMessage, UserMessage
+    def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """mistral-common's ``encode_chat_completion`` of the messages (tool calls and results included) and
+        ``tools``. Call ids that are not mistral-common's 9 alphanumerics (OpenAI's ``call_...``) are mapped to
+        9 stable ones (:func:`mistral_call_id`), the same in a call and in its result."""
+        from mistral_common.protocol.instruct.messages import (AssistantMessage, SystemMessage, ToolMessage,
+                                                               UserMessage)
         from mistral_common.protocol.instruct.request import ChatCompletionRequest
+        from mistral_common.protocol.instruct.tool_calls import FunctionCall, Tool, ToolCall
 
-        kinds = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}
-        converted = []
+        converted: list[Any] = []
         for i, m in enumerate(messages):
-            if m.get("role") not in kinds:
-                raise ValueError(f"messages[{i}].role={m.get('role')!r}; expected one of {sorted(kinds)}")
-            converted.append(kinds[m["role"]](content=m["content"]))
-        return list(self._mt.encode_chat_completion(ChatCompletionRequest(messages=converted)).tokens)
+            role, content = m.get("role"), m.get("content")
+            if role == "system":
+                converted.append(SystemMessage(content=content))
+            elif role == "user":
+                converted.append(UserMessage(content=content))
+            elif role == "assistant":
+                calls = [ToolCall(id=mistral_call_id(c["id"]), function=FunctionCall(
+                    name=c["function"]["name"], arguments=c["function"]["arguments"])) for c in m.get("tool_calls") or []]
+                converted.append(AssistantMessage(content=content, tool_calls=calls or None))
+            elif role == "tool":
+                converted.append(ToolMessage(content=content, tool_call_id=mistral_call_id(m.get("tool_call_id") or "")))
+            else:
+                raise ValueError(f"messages[{i}].role={role!r}; expected system, user, assistant or tool")
+        request = ChatCompletionRequest(messages=converted, tools=[Tool.model_validate(dict(t)) for t in tools]
+                                        if tools else None)
+        return list(self._mt.encode_chat_completion(request).tokens)
+
+
+def mistral_call_id(call_id: str) -> str:
+    """A call id as mistral-common wants it (9 characters a-z A-Z 0-9): kept if it is one, else 9 characters
+    derived from it (the same for the same id)."""
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    return hashlib.sha256(call_id.encode()).hexdigest()[:9]
