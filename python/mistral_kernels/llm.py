@@ -27,6 +27,8 @@ from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
 from .sampling_params import SamplingParams, sampling_params
 from .tokenization import Message, Tokenizer, load_tokenizer
+from .tools.chat import ChatReply, ChatTools
+from .tools.spec import ToolDef
 
 __all__ = ["LLM"]
 
@@ -142,6 +144,28 @@ class LLM:
                 raise TypeError(f"generate: prompts[{i}] must be a str, got {type(p).__name__}")
             jobs.append((self.prompt_ids(p, chat=chat, system=system), base.for_choice(i)))
         return self.engine.generate(jobs, name="generate: prompts")
+
+    def chat(self, messages: Sequence[Message], params: SamplingParams | None = None, *,
+             tools: Sequence[ToolDef | dict[str, Any]] | None = None, tool_choice: str | None = None,
+             parallel_tool_calls: bool = True, **overrides: Any) -> ChatReply:
+        """One assistant turn of a conversation (OpenAI-shaped messages: system / user / assistant with
+        ``tool_calls`` / tool results), with ``tools`` (OpenAI tool dicts or :class:`~.tools.ToolDef`) offered.
+
+        ``tool_choice``: "auto" (default with tools), "none", "required" or a function's name — the last two
+        constrain the output to a call with valid arguments (:mod:`mistral_kernels.tools.chat`). Returns the
+        reply's content and parsed ``tool_calls``; ``reply.message()`` is the turn to append to ``messages``.
+        ``params`` / ``overrides`` as for :meth:`generate`.
+
+        >>> reply = llm.chat([{"role": "user", "content": "Weather in Paris?"}], tools=[weather],
+        ...                  tool_choice="required")                                   # doctest: +SKIP
+        >>> reply.tool_calls[0].name, reply.tool_calls[0].parsed_arguments()          # doctest: +SKIP
+        ('get_weather', {'city': 'Paris'})
+        """
+        setup = ChatTools.make(self.tokenizer, tools, tool_choice, parallel_tool_calls)
+        params = setup.params(sampling_params(params, overrides, "chat"))
+        ids = setup.prompt_ids(self.tokenizer, messages)
+        c = self.engine.generate([(ids, params)], name="chat: messages")[0]
+        return setup.reply(c.text, c.finish_reason, c)
 
     def stream(self, prompt: str, params: SamplingParams | None = None, *, chat: bool = False,
                system: str | None = None, **overrides: Any) -> Iterator[str]:

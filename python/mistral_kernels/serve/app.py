@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP app: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-``/health``, ``/metrics``.
+"""The OpenAI-compatible HTTP app: ``/v1/models`` (and ``/v1/models/{id}``), ``/v1/completions``,
+``/v1/chat/completions``, ``/health``, ``/metrics``.
 
 Each endpoint validates its body (:mod:`.protocol`), turns it into prompt ids and its
 :class:`~mistral_kernels.sampling_params.SamplingParams` (``body.to_sampling_params()``), has the engine admit
@@ -13,6 +13,11 @@ blocks return to the pool before the next engine step.
 ``logprobs`` (see :mod:`.logprobs_format` for the shapes): the log-probabilities of the raw model
 distribution (``log_softmax`` of the logits, before penalties, temperature and filters), as vLLM returns by
 default; chat asks with ``logprobs: true`` and ``top_logprobs: 0..20``, completions with ``logprobs: 0..20``.
+
+Chat requests with ``tools`` are prompted and parsed by :mod:`.tool_calls`; ``response_format`` sets the
+request's output constraint (``SamplingParams.structured``). Completions with ``echo`` return the prompt's text
+before the generated text (in the first streamed chunk); ``echo`` with ``logprobs`` is refused (the prompt's
+log-probabilities are not computed).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .errors import APIError, install_error_handlers
 from .logprobs_format import LogprobFormatter
 from .metrics import ServerMetrics
 from .protocol import ChatCompletionRequest, CompletionRequest, InvalidField, SamplingFields
+from .tool_calls import ChatTools, chat_tools, message, tool_params
 from .tp import EngineMirror
 
 __all__ = ["ServerState", "build_app"]
@@ -104,11 +110,19 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: 
     async def metrics_endpoint() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    card = {"id": served_model_name, "object": "model", "created": 0, "owned_by": "mistral-kernels",
+            "max_model_len": llm.model.config.max_position}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
-                                            "owned_by": "mistral-kernels",
-                                            "max_model_len": llm.model.config.max_position}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != served_model_name:
+            raise APIError(404, f"model: '{model_id}' does not exist; this server serves '{served_model_name}'",
+                           "model", "model_not_found")
+        return card
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Response:
@@ -116,21 +130,34 @@ def build_app(llm: LLM, served_model_name: str, max_waiting: int = 256, mirror: 
         _check_model(state, body)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs: needs logprobs=true", "top_logprobs")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        _check_prompt_chars(state, sum(len(m["content"]) for m in messages), "messages")
+        messages = [m.as_dict() for m in body.messages]
+        tools = chat_tools(body, llm.tokenizer)
+        _check_prompt_chars(state, sum(len(m.text()) for m in body.messages) +
+                            sum(len(str(t)) for t in tools.tools), "messages")
         try:
             # tokenized off the event loop: a long prompt does not stall other clients
-            prompt = await asyncio.to_thread(llm.tokenizer.apply_chat_template, messages)  # type: ignore
+            prompt = await asyncio.to_thread(tools.prompt_ids, llm.tokenizer, messages)
         except ValueError as e:
             raise APIError(400, f"messages: {e}", "messages") from e
-        return await _serve(state, request, body, [prompt], "messages", chat=True)
+        return await _serve(state, request, body, [prompt], "messages", chat=True, tools=tools)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest, state.max_request_bytes)
         _check_model(state, body)
         prompts = await asyncio.to_thread(_prompts, state, body.prompt)  # tokenized off the event loop
-        return await _serve(state, request, body, prompts, "prompt", chat=False)
+        echo = None
+        if body.echo:
+            if body.logprobs is not None:
+                raise APIError(400, "echo: not with logprobs (the prompt's log-probabilities are not computed)",
+                               "echo")
+            if isinstance(body.prompt, str):
+                echo = [body.prompt]
+            elif isinstance(body.prompt[0], str):
+                echo = list(body.prompt)  # type: ignore[arg-type]
+            else:
+                echo = [llm.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+        return await _serve(state, request, body, prompts, "prompt", chat=False, echo=echo)
 
     return app
 
@@ -160,12 +187,19 @@ def _prompts(state: ServerState, prompt: str | list[str] | list[int] | list[list
 
 
 def _requests(state: ServerState, body: SamplingFields, prompts: list[list[int]],
-              field: str) -> list[CheckedRequest]:
+              field: str, tools: ChatTools | None = None) -> list[CheckedRequest]:
     """``n`` engine requests per prompt, admitted by the engine; a 400 naming the body field otherwise."""
     try:
         params = body.to_sampling_params()
     except InvalidField as e:
         raise APIError(400, str(e), e.param) from e
+    if tools is not None:
+        params = tool_params(tools, params)
+    try:
+        params.check_vocabulary(state.llm.engine.config.vocab_size)
+    except ValueError as e:  # the message begins with the field
+        param = str(e).split()[0]
+        raise APIError(400, f"{param}: {e}", param) from e
     params_of = {"prompt_ids": field, "max_new_tokens": body.param_name("max_new_tokens"), "copies": "n"}
     out = []
     for prompt in prompts:
@@ -200,8 +234,8 @@ def _usage(prompts: Sequence[list[int]], completions: Sequence[Completion]) -> d
 
 
 async def _serve(state: ServerState, request: Request, body: SamplingFields, prompts: list[list[int]], field: str,
-                 *, chat: bool) -> Response:
-    requests = _requests(state, body, prompts, field)
+                 *, chat: bool, tools: ChatTools | None = None, echo: list[str] | None = None) -> Response:
+    requests = _requests(state, body, prompts, field, tools)
     streams = await _submit_all(state, requests)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -209,7 +243,8 @@ async def _serve(state: ServerState, request: Request, body: SamplingFields, pro
     fmt = LogprobFormatter(state.llm.tokenizer) if requests[0].params.logprobs is not None else None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(_sse(streams, head, prompts, chat, include_usage, fmt),
+        return StreamingResponse(_sse(streams, head, prompts, chat, include_usage, fmt, tools,
+                                      [echo[i // body.n] for i in range(len(streams))] if echo else None),
                                  media_type="text/event-stream")
     done = await _completions_unless_disconnected(request, streams)
     if done is None:  # nobody to answer
@@ -223,10 +258,12 @@ async def _serve(state: ServerState, request: Request, body: SamplingFields, pro
         if fmt is not None and c.logprobs is not None:
             lp = fmt.chat(c.logprobs) if chat else fmt.completion(c.logprobs)[0]
         if chat:
-            choices.append({"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": lp,
-                            "finish_reason": c.finish_reason})
+            msg, finish = message(tools, c.text, c.finish_reason) if tools is not None else \
+                ({"role": "assistant", "content": c.text}, c.finish_reason)
+            choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": finish})
         else:
-            choices.append({"index": i, "text": c.text, "logprobs": lp, "finish_reason": c.finish_reason})
+            text = echo[i // body.n] + c.text if echo else c.text
+            choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish_reason})
     return JSONResponse({**head, "choices": choices, "usage": _usage(prompts, comps)})
 
 
@@ -259,12 +296,15 @@ def _sse_line(obj: dict[str, Any] | str) -> str:
 
 
 async def _sse(streams: list[RequestStream], head: dict[str, Any], prompts: list[list[int]], chat: bool,
-               include_usage: bool, fmt: LogprobFormatter | None) -> AsyncIterator[str]:
+               include_usage: bool, fmt: LogprobFormatter | None, tools: ChatTools | None = None,
+               echo: list[str] | None = None) -> AsyncIterator[str]:
     """Server-sent events of all choices, interleaved as their pieces arrive; aborts them when the client
     goes away (the generator is closed or cancelled). A choice cut at shutdown ends with a chunk whose
 ``finish_reason`` is ``"abort"``; an error event (code ``shutdown``) then precedes ``[DONE]``, so a client can
 tell a cut from a finish (the ``openai`` client raises on it). With ``fmt``, each text chunk carries the logprobs of
-    the tokens generated since the previous chunk of its choice."""
+    the tokens generated since the previous chunk of its choice. With ``tools`` parsing calls, a choice's text
+    goes through its :class:`~mistral_kernels.tools.ToolStreamParser` (content and tool-call deltas); with
+    ``echo``, each completion choice's first chunk is its prompt's text."""
 
     head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
     offsets = [0] * len(streams)  # completions: text_offset of each choice's next token
@@ -279,8 +319,9 @@ tell a cut from a finish (the ``openai`` client raises on it). With ``fmt``, eac
 
     chunk: Callable[[int, str | None, str | None, Sequence[TokenLogprob]], dict[str, Any]]
     if chat:
-        def chunk(i: int, text: str | None, finish: str | None, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
-            delta = {} if text is None else {"content": text}
+        def chunk(i: int, text: str | dict[str, Any] | None, finish: str | None,
+                  lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+            delta = text if isinstance(text, dict) else {} if text is None else {"content": text}
             return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs(i, lps),
                                          "finish_reason": finish}]}
     else:
@@ -294,6 +335,24 @@ tell a cut from a finish (the ``openai`` client raises on it). With ``fmt``, eac
         async for event in s:
             await merged.put((i, event))
 
+    parsers = [tools.stream_parser() if tools is not None else None for _ in streams]
+
+    def text_chunks(i: int, piece: str, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        parser = parsers[i]
+        if parser is None:
+            return [chunk(i, piece, None, lps)]
+        deltas = parser.push(piece)
+        if not deltas:
+            return [chunk(i, {}, None, lps)] if lps and fmt is not None else []
+        return [chunk(i, d, None, lps if k == 0 else ()) for k, d in enumerate(deltas)]
+
+    def finish_chunks(i: int, finish: str) -> list[dict[str, Any]]:
+        parser = parsers[i]
+        if parser is None:
+            return [chunk(i, None if chat else "", finish, ())]
+        out = [chunk(i, d, None, ()) for d in parser.finish()]
+        return out + [chunk(i, None, "tool_calls" if parser.called and finish == "stop" else finish, ())]
+
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     completions: list[Completion] = []
     try:
@@ -301,16 +360,21 @@ tell a cut from a finish (the ``openai`` client raises on it). With ``fmt``, eac
             for i in range(len(streams)):
                 yield _sse_line({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}]})
+        elif echo:
+            for i in range(len(streams)):
+                yield _sse_line(chunk(i, echo[i], None, ()))
         open_streams, cut = len(streams), False
         while open_streams:
             i, event = await merged.get()
             if isinstance(event, TextEvent):
-                yield _sse_line(chunk(i, event.piece, None, event.logprobs))
+                for c in text_chunks(i, event.piece, event.logprobs):
+                    yield _sse_line(c)
                 continue
             open_streams -= 1
             if isinstance(event, DoneEvent):
                 completions.append(event.completion)
-                yield _sse_line(chunk(i, None if chat else "", event.completion.finish_reason, ()))
+                for c in finish_chunks(i, event.completion.finish_reason):
+                    yield _sse_line(c)
             else:  # cut at shutdown: a last chunk that says so; the error event follows the choices
                 cut = True
                 yield _sse_line(chunk(i, None if chat else "", "abort", ()))

@@ -5,7 +5,8 @@ logged and answered as a JSON 500 too (:class:`_CatchAll`): it never reaches uvi
 kept-alive connection under the client's next request. Validation errors of the
 request body name the field (``param``), e.g. ``temperature``, ``messages.0.role`` or ``top_p``. Field types
 are strict, as the OpenAI API's: ``"2"`` is not an integer, ``"yes"`` or ``1`` not a boolean, ``true`` not
-an integer (an integer is a number, though: ``temperature: 1`` is fine).
+an integer (an integer is a number, though: ``temperature: 1`` is fine). A field the server does not know is
+refused, named (``extra_forbidden``; the accepted-and-ignored ones are listed in :mod:`.protocol`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def _validation(_: Request, exc: Exception) -> JSONResponse:
     msg = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         msg = "field required"
+    elif first.get("type") == "extra_forbidden":
+        msg = ("unknown field: this server does not support it, and refuses it rather than ignore it (see the "
+               "README's accepted-fields table)")
+    elif first.get("type") == "value_error":
+        msg = msg.removeprefix("Value error, ")
     elif isinstance(first.get("input"), (bool, int, float, str)) and len(str(first.get("input"))) <= 40:
         msg += f" (got {json.dumps(first['input'])})"
     text = f"{param}: {msg}" if param else f"request body: {msg} (send a JSON object)"
