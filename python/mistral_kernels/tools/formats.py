@@ -55,9 +55,11 @@ def _special_id(tok: Tokenizer, text: str) -> int | None:
     raw = getattr(tok, "_raw", None)  # mistral-common: special tokens are not encoded from text
     if raw is not None:
         try:
-            return int(raw.get_special_token(text))
+            found = int(raw.get_special_token(text))
         except (ValueError, KeyError, AttributeError):
             return None
+        # SentencePiece kinds answer an unknown name with the unknown token's id
+        return found if tok.decode([found], skip_special_tokens=False) == text else None
     return None
 
 

@@ -84,7 +84,7 @@ def fallback_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Too
             out.append({"role": role, "content": content})
     if tools:
         listing = "\n".join(json.dumps(t.to_openai()["function"], ensure_ascii=False) for t in tools)
-        text = FALLBACK_INSTRUCTIONS.format(tools=listing)
+        text = FALLBACK_INSTRUCTIONS.replace("{tools}", listing)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + text}
         else:
