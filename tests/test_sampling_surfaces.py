@@ -28,7 +28,11 @@ FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 VALUES: dict[str, Any] = {
     "max_new_tokens": 7, "temperature": 0.5, "top_k": 3, "top_p": 0.5, "min_p": 0.1, "repetition_penalty": 1.3,
     "presence_penalty": 0.5, "frequency_penalty": -0.25, "seed": 11, "stop": ("xy",), "stop_token_ids": (5, 6),
-    "ignore_eos": True, "logprobs": 2}
+    "ignore_eos": True, "logprobs": 2, "logit_bias": ((5, -100.0), (9, 2.5)), "min_tokens": 2,
+    "include_stop_str_in_output": True, "skip_special_tokens": False}
+# How each surface spells a value where str() / the body's JSON does not (the rest: str(value), the value)
+CLI_TEXT: dict[str, Any] = {"logit_bias": lambda v: [f"{t}={b}" for t, b in v]}
+BODY_VALUE: dict[str, Any] = {"logit_bias": lambda v: {str(t): b for t, b in v}}
 
 
 def _same_as_sampling_params(surface: str, derived: set[str]) -> None:
@@ -88,8 +92,8 @@ def test_a_reduced_generate_signature_is_caught() -> None:
                      system: str | None = None, logprobs: int | None = None) -> None:
         """LLM.generate's keywords before it took ``params`` / ``**overrides``."""
 
-    with pytest.raises(AssertionError, match=r"lacks SamplingParams fields \['frequency_penalty', "
-                                             r"'presence_penalty', 'stop_token_ids'\]"):
+    with pytest.raises(AssertionError, match=r"lacks SamplingParams fields \['frequency_penalty', .*"
+                                             r"'presence_penalty', .*'stop_token_ids'\]"):
         _same_as_sampling_params("old LLM.generate", _generate_fields(old_generate))
 
 
@@ -124,8 +128,10 @@ def test_cli_offers_every_field_and_passes_each_value() -> None:
     _same_as_sampling_params("mistral-kernels generate", _cli_fields(parser))
     flags = field_flags(SamplingParams)
     for name, value in VALUES.items():
-        if value is True:
-            argv = [flags[name]]
+        if name in CLI_TEXT:
+            argv = [x for text in CLI_TEXT[name](value) for x in (flags[name], text)]
+        elif isinstance(value, bool):
+            argv = [flags[name]] if value else [f"--no-{flags[name][2:]}"]
         elif isinstance(value, tuple):
             argv = [x for v in value for x in (flags[name], str(v))]
         else:
@@ -167,7 +173,9 @@ def _body_values(model: type, name: str, value: Any) -> dict[str, Any]:
     """How a client sends ``name = value`` to this endpoint."""
     if name == "logprobs" and model is serve.ChatCompletionRequest:
         return {"logprobs": True, "top_logprobs": value}
-    if isinstance(value, tuple):
+    if name in BODY_VALUE:
+        value = BODY_VALUE[name](value)
+    elif isinstance(value, tuple):
         value = list(value)
     return {model.param_names.get(name, name): value}
 

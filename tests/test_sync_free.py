@@ -77,7 +77,8 @@ def test_step_reads_back_only_the_sampled_ids(config: ModelConfig, packed: bool,
     eng = Engine(model, None, num_blocks=32, block_size=4, max_batch=4, max_tokens_per_step=16, eos_ids=(),
                  enforce_eager=enforce_eager)
     params = [SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=5, temperature=0.8, top_k=5, seed=3),
-              SamplingParams(max_new_tokens=4, repetition_penalty=1.3, presence_penalty=0.5)]
+              SamplingParams(max_new_tokens=4, repetition_penalty=1.3, presence_penalty=0.5),
+              SamplingParams(max_new_tokens=4, logit_bias={3: 2.0, 7: -100}, min_tokens=3, stop_token_ids=(5,))]
     rids = [eng.add_request(list(range(1 + 3 * i, 12 + 5 * i)), p) for i, p in enumerate(params)]
     steps = sampled_steps = 0
     while eng.has_unfinished():
@@ -117,7 +118,9 @@ def test_cuda_step_has_no_sync_but_the_sampled_ids(enforce_eager: bool | None,
                  enforce_eager=enforce_eager)
     if enforce_eager is None:
         assert eng.runner.decode_graphs is not None and eng.runner.decode_graphs.captured == [1, 2, 4]
-    rids = [eng.add_request(list(range(1, 10 + i)), SamplingParams(max_new_tokens=8, temperature=0.5 * i, seed=i))
+    rids = [eng.add_request(list(range(1, 10 + i)), SamplingParams(max_new_tokens=8, temperature=0.5 * i, seed=i,
+                                                                  logit_bias={3: 1.5}, min_tokens=i,
+                                                                  stop_token_ids=(5,)))
             for i in range(3)]
     eng.step()  # first prefill (lazy CUDA inits outside the check)
     torch.cuda.synchronize()

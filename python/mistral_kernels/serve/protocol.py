@@ -263,7 +263,8 @@ class ToolChoiceFunction(_Body):
 class ChatCompletionRequest(SamplingFields):
     """``logprobs: true`` with ``top_logprobs: k`` asks for log-probabilities (k alternatives, default 0)."""
 
-    param_names: ClassVar[dict[str, str]] = {"max_new_tokens": "max_tokens", "logprobs": "top_logprobs"}
+    param_names: ClassVar[dict[str, str]] = {"max_new_tokens": "max_tokens", "logprobs": "top_logprobs",
+                                             "structured": "response_format"}
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -302,7 +303,8 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     """``logprobs: k`` asks for log-probabilities with k alternatives."""
 
-    param_names: ClassVar[dict[str, str]] = {"max_new_tokens": "max_tokens", "logprobs": "logprobs"}
+    param_names: ClassVar[dict[str, str]] = {"max_new_tokens": "max_tokens", "logprobs": "logprobs",
+                                             "structured": "response_format"}
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
@@ -324,3 +326,6 @@ class CompletionRequest(SamplingFields):
         if v is not None:
             raise ValueError("insertion (a suffix after the completion) is not supported")
         return v
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
