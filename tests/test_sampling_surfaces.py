@@ -93,7 +93,7 @@ def test_a_reduced_generate_signature_is_caught() -> None:
         """LLM.generate's keywords before it took ``params`` / ``**overrides``."""
 
     with pytest.raises(AssertionError, match=r"lacks SamplingParams fields \['frequency_penalty', .*"
-                                             r"'presence_penalty', .*'stop_token_ids'\]"):
+                                             r"'presence_penalty', .*'stop_token_ids'"):
         _same_as_sampling_params("old LLM.generate", _generate_fields(old_generate))
 
 

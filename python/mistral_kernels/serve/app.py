@@ -210,7 +210,11 @@ def _requests(state: ServerState, body: SamplingFields, prompts: list[list[int]]
             raise APIError(400, f"{param}: {e}", param,
                            "context_length_exceeded" if e.argument != "copies" else None) from e
         except ValueError as e:
-            raise APIError(400, f"{field}: {e}", field) from e
+            param = field
+            if str(e).startswith("structured"):  # the output constraint does not compile
+                forced = tools is not None and tools.mode in ("required", "named")
+                param = "tools" if forced else body.param_name("structured")
+            raise APIError(400, f"{param}: {e}", param) from e
         out += [checked.for_choice(i) for i in range(body.n)]
     return out
 

@@ -4,11 +4,14 @@ prompts through the ``mistral-common`` package (an optional dependency)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .base import Message, Tokenizer
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 class MistralCommonTokenizer(Tokenizer):
@@ -38,13 +41,20 @@ class MistralCommonTokenizer(Tokenizer):
         return self._raw.decode([int(i) for i in ids], special_token_policy=policy)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """Tekken pieces are bytes (``id_to_byte_piece``); other kinds: the base rule."""
+        """Tekken pieces are bytes (``id_to_byte_piece``). SentencePiece pieces: a byte-fallback piece
+        (``<0x0D>``) is its byte, ``▁`` is a space (``▁a`` → b" a"), a special token its own text."""
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
         piece = getattr(self._raw, "id_to_byte_piece", None)
-        if piece is None:
-            return super().token_bytes(token_id)
-        return bytes(piece(int(token_id), SpecialTokenPolicy.KEEP))
+        if piece is not None:
+            return bytes(piece(int(token_id), SpecialTokenPolicy.KEEP))
+        text = self._raw.id_to_piece(int(token_id))
+        if self._raw.is_special(int(token_id)):
+            return text.encode("utf-8")
+        byte = _BYTE_PIECE.fullmatch(text)
+        if byte is not None:
+            return bytes([int(byte.group(1), 16)])
+        return text.replace("\u2581", " ").encode("utf-8")
 
     def apply_chat_template(self, messages: Sequence[Message], add_generation_prompt: bool = True,
                             tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:

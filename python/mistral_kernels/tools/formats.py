@@ -77,25 +77,28 @@ def _call_schema(tool: ToolDef) -> dict[str, Any]:
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
+# Calls are written as json.dumps writes them (and as mistral-common renders them in prompts): ", " and ": "
+# between items, no other whitespace — llguidance's JSON options (``x-guidance``).
+_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def _json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps(schema, separators=(",", ":"))
+    return "%json " + json.dumps({**schema, "x-guidance": _COMPACT}, separators=(",", ":"))
 
 
 def call_grammar(fmt: ToolFormat, tools: Sequence[ToolDef], parallel: bool) -> Grammar:
     """The Lark grammar of one call (or, with ``parallel``, one or more) to one of ``tools`` in ``fmt``."""
     if not tools:
         raise ValueError("call_grammar: no tools")
-    if fmt.name == "mistral":
+    if fmt.name == "mistral":  # [TOOL_CALLS] [{...}, {...}] (SentencePiece kinds write " [" after the token)
         schema = _call_schema(tools[0]) if len(tools) == 1 else {"anyOf": [_call_schema(t) for t in tools]}
-        more = ' (WS? "," WS? call)*' if parallel else ""
-        text = (f'start: <[{fmt.tool_calls_id}]> WS? "[" WS? call{more} WS? "]"\n'
-                f"call: {_json(schema)}\n")
-    elif fmt.name == "mistral-args":
+        more = ' (", " call)*' if parallel else ""
+        text = f'start: <[{fmt.tool_calls_id}]> " "? "[" call{more} "]"\ncall: {_json(schema)}\n'
+    elif fmt.name == "mistral-args":  # [TOOL_CALLS]name[ARGS]{...} per call
         alts = " | ".join(f'"{t.name}" <[{fmt.args_id}]> {_json(dict(t.parameters))}' for t in tools)
         text = f"start: call{'+' if parallel else ''}\ncall: <[{fmt.tool_calls_id}]> ({alts})\n"
-    else:
+    else:  # <tool_call>{...}</tool_call>, one per line
         schema = _call_schema(tools[0]) if len(tools) == 1 else {"anyOf": [_call_schema(t) for t in tools]}
-        more = ' (WS? call)*' if parallel else ""
-        text = (f"start: call{more}\n"
-                f'call: "{HERMES_OPEN}" WS? {_json(schema)} WS? "{HERMES_CLOSE}"\n')
-    return Grammar(text + 'WS: /[ \\t\\r\\n]{1,4}/\n', syntax="lark")
+        more = ' ("\\n" call)*' if parallel else ""
+        text = f'start: call{more}\ncall: "{HERMES_OPEN}" {_json(schema)} "{HERMES_CLOSE}"\n'
+    return Grammar(text, syntax="lark")
