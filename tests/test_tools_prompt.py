@@ -141,3 +141,16 @@ def test_fallback_for_a_template_without_tools() -> None:
             "</tool_call><|im_end|>") in text
     assert '<|im_start|>user\n<tool_response>{"name": "get_weather", "content": "18 C, sunny"}</tool_response>' in text
     assert text.endswith("<|im_start|>user\nAnd the time?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("name", ["mistral_instruct_tokenizer_240323.model.v3",
+                                  "mistral_instruct_tokenizer_241114.model.v7", "tekken_240911.json"])
+def test_mistral_token_bytes_spell_the_text(name: str) -> None:
+    """What a grammar matches tokens by: the bytes of a text's tokens join to the text (SentencePiece's word
+    marker is a space, its byte-fallback pieces their byte — the first token's leading space aside)."""
+    tok = MistralCommonTokenizer(DATA / name)
+    text = 'Hello wörld \r\n [{"x": 1}] 日本'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8").removeprefix(" ") == text
+    calls = tool_format(tok).tool_calls_id
+    assert calls is not None and tok.token_bytes(calls) == b"[TOOL_CALLS]"

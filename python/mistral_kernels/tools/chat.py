@@ -6,8 +6,8 @@ parameters that force a call, and the output parsed into content and calls.
 * ``auto``: the tools are in the prompt (:mod:`.prompt`); the output is parsed for calls in the model's format
   (:mod:`.formats`); the model may answer in text instead.
 * ``none``: no tools in the prompt, no parsing.
-* ``required`` / a function's name: as ``auto``, and the output is constrained to a call (or, with
-  ``parallel``, one or more) whose arguments follow the function's parameter schema
+* ``required`` / a function's name: as ``auto`` (every tool in the prompt), and the output is constrained to a
+  call (or, with ``parallel``, one or more) of any tool / the named one, whose arguments follow its schema
   (:func:`~.formats.call_grammar`, set as ``SamplingParams.structured``).
 
 Finish reason ``"tool_calls"`` when the output parsed into calls and ended on its own (``"length"`` stays
@@ -52,11 +52,13 @@ class ChatReply:
 
 @dataclass
 class ChatTools:
-    """``mode`` ("auto" / "none" / "required" / "named"), the tools offered in the prompt, the model's call
-    format, whether several calls may come back."""
+    """``mode`` ("auto" / "none" / "required" / "named"), the tools offered in the prompt (all of them unless
+    "none"), those a call may name (the named one for "named"), the model's call format, whether several calls
+    may come back."""
 
     mode: str
     tools: list[ToolDef]
+    allowed: list[ToolDef]
     fmt: ToolFormat
     parallel: bool
 
@@ -65,8 +67,9 @@ class ChatTools:
              parallel: bool = True) -> ChatTools:
         """Raises ValueError (naming ``tools`` or ``tool_choice``) when they do not fit together."""
         defs = [t if isinstance(t, ToolDef) else ToolDef.from_openai(t) for t in tools or []]
-        mode, offered = resolve_tool_choice(defs, tool_choice)
-        return ChatTools(mode, offered, tool_format(tok) if offered else ToolFormat("hermes"), parallel)
+        mode, allowed = resolve_tool_choice(defs, tool_choice)
+        offered = defs if allowed else []
+        return ChatTools(mode, offered, allowed, tool_format(tok) if offered else ToolFormat("hermes"), parallel)
 
     @property
     def parses(self) -> bool:
@@ -89,7 +92,7 @@ class ChatTools:
             if getattr(params, "structured", None) is not None:
                 raise ValueError("structured: an output constraint cannot be combined with a forced tool call "
                                  "(tool_choice required or a function's name)")
-            changes["structured"] = call_grammar(self.fmt, self.tools, self.parallel)
+            changes["structured"] = call_grammar(self.fmt, self.allowed, self.parallel)
         return dataclasses.replace(params, **changes)
 
     def reply(self, text: str, finish_reason: str, completion: Any = None) -> ChatReply:

@@ -3,7 +3,8 @@
 ``ToolDef`` is an OpenAI ``{"type": "function", "function": {"name", "description", "parameters"}}`` entry;
 ``ToolCall`` one parsed call, ``arguments`` the JSON text of the call's arguments (as OpenAI returns it).
 ``tool_choice``: ``"auto"`` (the model decides), ``"none"`` (no tools in the prompt, plain text out),
-``"required"`` (at least one call, constrained), or a tool's name (exactly that function, constrained).
+``"required"`` (at least one call, constrained), or a tool's name (exactly that function, constrained; the
+prompt still lists every tool).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def new_call_id() -> str:
 
 
 def resolve_tool_choice(tools: Sequence[ToolDef], choice: str | None) -> tuple[str, list[ToolDef]]:
-    """(mode, tools offered to the model): mode "auto" / "none" / "required" / "named" (the one tool).
+    """(mode, the tools a call may name): mode "auto" / "none" (no tools) / "required" / "named" (the one tool).
 
     Raises
     ------
