@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_wheels.sh — the small wheels an offline GPU machine needs for scripts/gpu_check.sh, downloaded
 # here (with network) into wheels/ (git-ignored); the GPU run carries that folder and installs each wheel on
-# its own (MK_WHEELS_DIR=wheels). Pure-Python wheels for the device's Python (3.12 by default), no dependencies
+# its own (MK_WHEELS_DIR=wheels). Wheels without dependencies for the device's Python (3.12 by default)
 # (the device image has numpy, pyyaml, tqdm, pytest, transformers, ...).
 #
 #   bash scripts/gpu_wheels.sh            # gguf (the quantized cuda tests and benchmarks), llguidance (grammars)
