@@ -36,6 +36,7 @@ from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
 from .sampling import SamplingParams, sample
 from .scheduler import ScheduledChunk, SchedulerOutput
+from .structured.bitmask import constrain_logits
 from .transfer import to_device
 
 __all__ = ["ModelRunner", "PagedModel"]
@@ -136,7 +137,9 @@ class ModelRunner:
         if not samplers:
             return [], None
         penalized = any(r.params.needs_history for r in samplers)
-        next_ids = sample(logits, [r.params for r in samplers],
+        # structured outputs: grammar masks filled now, while a GPU still runs the forward (logits stay raw)
+        masked = constrain_logits(logits, samplers)  # [N, V]; `logits` itself when no request is constrained
+        next_ids = sample(masked, [r.params for r in samplers],
                           [r.generator or self._default_generator for r in samplers],
                           [r.all_ids for r in samplers] if penalized else None,
                           [r.output_ids for r in samplers] if penalized else None)  # [N]
