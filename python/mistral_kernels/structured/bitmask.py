@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import llguidance
+import numpy as np
 import torch
 
 from ..transfer import copy_into, to_device
@@ -81,15 +82,40 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tenso
     if bitmask.dtype != torch.int32 or w != bitmask_words(v) or (rows is None and r != n):
         raise ValueError(f"apply_bitmask: bitmask must be int32 [{n if rows is None else 'R'}, "
                          f"{bitmask_words(v)}] for logits {tuple(logits.shape)}, got {bitmask.dtype} {(r, w)}")
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return _apply_host(logits, bitmask, rows)
     # The int32 words as bytes (little-endian: byte i of a word holds tokens 8i … 8i+7) → one bool per bit.
-    blocked = _blocked_bits(logits.device)[bitmask.contiguous().view(torch.uint8).long()]  # [R, 4W, 8]
-    blocked = blocked.view(r, 32 * w)[:, :v]
+    idx = bitmask.contiguous().view(torch.uint8).reshape(-1).long()
+    blocked = _blocked_bits(logits.device).index_select(0, idx).view(r, 32 * w)[:, :v]  # [R, V]
     if rows is None:
         return logits.masked_fill(blocked, float("-inf"))
     out = logits.clone()
     out.index_copy_(0, rows, logits.index_select(0, rows).masked_fill(blocked, float("-inf")))
     return out
 
+
+_NEG_INF_BITS = np.int32(-8388608)  # 0xFF800000: float32 -inf
+
+
+def _apply_host(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """:func:`apply_bitmask` for fp32 CPU logits, in numpy on the float bits: ``(x & keep) | (~keep & -inf)``
+    with ``keep`` = -1 / 0 per token. Single-threaded integer passes over [R, V] (well under a millisecond at
+    N = 16, V = 49k) instead of torch's parallel ops, whose thread-pool hand-offs cost more than the work at
+    these sizes (and milliseconds on a loaded machine); a boolean ``np.where`` is ~10× slower."""
+    v = logits.shape[1]
+    allowed = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=1, count=v, bitorder="little")
+    keep = -(allowed.astype(np.int32))  # [R, V]: -1 allowed, 0 not
+    x = logits.detach().numpy()
+
+    def masked(sub: np.ndarray) -> np.ndarray:
+        return ((sub.view(np.int32) & keep) | (~keep & _NEG_INF_BITS)).view(np.float32)
+
+    if rows is None:
+        return torch.from_numpy(masked(x))
+    out = x.copy()
+    r = rows.numpy()
+    out[r] = masked(x[r])
+    return torch.from_numpy(out)
 
 def constrain_logits(logits: torch.Tensor, requests: Sequence[_Constrained]) -> torch.Tensor:
     """``logits`` [N, V] with each constrained request's disallowed tokens at -inf (a new tensor), or
