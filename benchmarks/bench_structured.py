@@ -17,9 +17,10 @@ json-objects  JSON schema: an array (minItems 200) of objects {name ≤ 12 chars
 ============  ============================================================================================
 
 Neither constrained schema can complete within ``--steps`` tokens, so every request decodes the same number
-of tokens in every mode. Decode tok/s = tokens / wall time of the decode-only steps (``Engine.step`` whole:
-forward, mask fill + apply, sampling, output processing with the matcher's ``accept``). Modes and batches
-are interleaved in each round (the order rotates per round); medians over rounds. The masks' own time is
+of tokens in every mode. Decode tok/s = tokens / wall time of one decode-only step (``Engine.step`` whole:
+forward, mask fill + apply, sampling, output processing with the matcher's ``accept``), the median over the
+steps of a run, then over rounds (the mean over a run's steps is listed per round too). Modes and batches
+are interleaved in each round (the order rotates per round). The masks' own time is
 timed too: ``fill_bitmask`` (llguidance, host), ``apply_bitmask`` (torch), ``GrammarState.accept``.
 """
 
@@ -97,29 +98,26 @@ class _Timers:
 
 
 def _decode_run(llm: Any, mode: str, batch: int, steps: int, timers: _Timers) -> dict[str, float]:
-    """One generate call of ``batch`` requests; decode tok/s over the decode-only steps and mask ms per step."""
+    """One generate call of ``batch`` requests: per decode-only step its tok/s and mask times; the medians over
+    the steps (robust to the time slices a loaded machine takes away now and then) and the mean tok/s."""
     eng = llm.engine
     params = _params(mode, steps)
     ids = [llm.prompt_ids(PROMPTS[i % len(PROMPTS)] + f" (#{i})", chat=True) for i in range(batch)]
     rids = [eng.add_request(p, params) for p in ids]
-    wall = tokens = 0.0
-    n_steps = 0
-    timers.reset()
-    mask_t = {k: 0.0 for k in timers.t}
+    rows: list[dict[str, float]] = []
     while eng.has_unfinished():
         before = (eng.stats.prompt_tokens, eng.stats.decode_tokens, dict(timers.t))
         t0 = time.perf_counter()
         eng.step()
         dt = time.perf_counter() - t0
         if eng.stats.prompt_tokens == before[0] and eng.stats.decode_tokens > before[1]:
-            wall += dt
-            tokens += eng.stats.decode_tokens - before[1]
-            n_steps += 1
-            for k in mask_t:
-                mask_t[k] += timers.t[k] - before[2][k]
+            rows.append({"tokens": eng.stats.decode_tokens - before[1], "dt": dt,
+                         **{f"{k}_ms": 1e3 * (timers.t[k] - before[2][k]) for k in timers.t}})
     assert not any(eng.has_request(r) for r in rids)
-    return {"tok_s": tokens / wall, "steps": n_steps,
-            **{f"{k}_ms": 1e3 * v / max(n_steps, 1) for k, v in mask_t.items()}}
+    med = statistics.median
+    return {"tok_s": med(r["tokens"] / r["dt"] for r in rows),
+            "mean_tok_s": sum(r["tokens"] for r in rows) / sum(r["dt"] for r in rows), "steps": len(rows),
+            **{f"{k}_ms": med(r[f"{k}_ms"] for r in rows) for k in timers.t}}
 
 
 def _compile_times(llm: Any, repeats: int) -> list[tuple[str, float, float]]:
@@ -235,9 +233,10 @@ def main() -> None:
             lines.append(f"| {b} | {m} | {tps:.1f} | {100 * (tps / base - 1):+.1f} % | "
                          f"{med(x['fill_ms'] for x in xs):.2f} | {med(x['apply_ms'] for x in xs):.2f} | "
                          f"{med(x['accept_ms'] for x in xs):.2f} |")
-    lines += ["", "Per-round tok/s (free / json-string / json-objects):", ""]
+    lines += ["", "Per round, median / mean tok/s over the run's decode steps (free ; json-string ; json-objects):", ""]
     for b in batches:
-        per = " ; ".join("/".join(f"{runs[(m, b)][r]['tok_s']:.1f}" for m in modes) for r in range(args.rounds))
+        per = " | ".join(" ; ".join(f"{runs[(m, b)][r]['tok_s']:.1f} / {runs[(m, b)][r]['mean_tok_s']:.1f}"
+                                    for m in modes) for r in range(args.rounds))
         lines.append(f"- batch {b}: {per}")
     lines += ["", "## Grammar compile time (vocabulary already built; cold grammar cache)", "",
               "| schema | compile ms | first mask ms |", "|---|---|---|"]
