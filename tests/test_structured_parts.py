@@ -202,3 +202,16 @@ def test_cli_flags_refuse_bad_values(tmp_path: Path, capsys: pytest.CaptureFixtu
         with pytest.raises(SystemExit):
             _parser().parse_args(argv)
         assert message in capsys.readouterr().err, argv
+
+
+def test_stream_and_engine_without_tokenizer() -> None:
+    from mistral_kernels.llm import LLM
+
+    llm = LLM.__new__(LLM)  # no checkpoint: stream uses only the tokenizer and the engine
+    llm.tokenizer = TOK
+    llm.engine = Engine(ToyModel(), TOK, num_blocks=64, block_size=4, max_batch=2)
+    pieces = list(llm.stream("hello", structured=Regex("[a-d]{3}x"), temperature=1.0, seed=4, max_new_tokens=10))
+    assert "".join(pieces) == llm.last_completion.text and re.fullmatch("[a-d]{3}x", llm.last_completion.text)
+    bare = Engine(ToyModel(), None, num_blocks=64, block_size=4, max_batch=2)
+    with pytest.raises(ValueError, match="params.structured needs an engine with a tokenizer"):
+        bare.add_request([1, 2], SamplingParams(structured=Regex("a")))
