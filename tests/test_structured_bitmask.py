@@ -33,7 +33,7 @@ def _random_case(rows: int, v: int, seed: int, keep: float = 0.3) -> tuple[torch
     return logits, allowed
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the numpy path (fp32 CPU) and torch's
 def test_masked_tokens_become_minus_inf_and_the_rest_is_unchanged(dtype: torch.dtype) -> None:
     logits, allowed = _random_case(5, 100, seed=1)  # V = 100: the last word is partial
     logits = logits.to(dtype)
@@ -45,8 +45,10 @@ def test_masked_tokens_become_minus_inf_and_the_rest_is_unchanged(dtype: torch.d
     assert bool((out[~allowed] == float("-inf")).all())
 
 
-def test_only_the_listed_rows_are_constrained() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the numpy path (fp32 CPU) and torch's
+def test_only_the_listed_rows_are_constrained(dtype: torch.dtype) -> None:
     logits, allowed = _random_case(6, 70, seed=2)
+    logits = logits.to(dtype)
     rows = torch.tensor([4, 1])
     out = apply_bitmask(logits, _pack(allowed[[4, 1]]), rows)
     for i in (0, 2, 3, 5):
