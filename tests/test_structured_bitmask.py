@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mistral_kernels.sampling import SamplingParams, sample
-from mistral_kernels.structured.bitmask import apply_bitmask
+from mistral_kernels.structured.bitmask import MaskWorkspace, apply_bitmask
 
 
 def _pack(allowed: torch.Tensor) -> torch.Tensor:
@@ -56,6 +56,16 @@ def test_only_the_listed_rows_are_constrained(dtype: torch.dtype) -> None:
     for j, i in enumerate([4, 1]):
         want = logits[i].masked_fill(~allowed[[4, 1]][j], float("-inf"))
         assert torch.equal(out[i], want)
+
+
+def test_a_reused_workspace_gives_the_fresh_results() -> None:
+    ws = MaskWorkspace()
+    for seed, (n, v, rows) in enumerate([(4, 100, None), (6, 64, [5, 0]), (2, 33, None), (7, 200, [3])]):
+        logits, allowed = _random_case(n, v, seed=10 + seed)
+        idx = torch.tensor(rows) if rows is not None else None
+        bm = _pack(allowed if rows is None else allowed[rows])
+        want = apply_bitmask(logits, bm, idx)
+        assert torch.equal(apply_bitmask(logits, bm, idx, workspace=ws), want)
 
 
 def test_bad_bitmask_shapes_are_refused() -> None:
