@@ -10,9 +10,11 @@ W = ceil(V / 32) int32 words per bitmask row.
    runs (kernels and graph replays are asynchronous), so the fill overlaps the GPU's work; on the CPU the
    forward has finished (no overlap there).
 2. copy to the logits' device without a host sync (:mod:`~mistral_kernels.transfer`: pinned, non_blocking).
-3. apply (:func:`apply_bitmask`): disallowed tokens → -inf in a new tensor; the unconstrained rows are
-   copied bit for bit. The raw logits stay as they were: log-probabilities are reported from them (raw,
-   before the mask, like before penalties and temperature; see ``SamplingParams.logprobs``).
+3. apply (:func:`apply_bitmask`): disallowed tokens → -inf in a new tensor (fp32 CPU logits: numpy integer
+   passes on the float bits into the runner's reused :class:`MaskWorkspace`; other devices / dtypes: torch
+   ops); the unconstrained rows are copied bit for bit. The raw logits stay as they were: log-probabilities
+   are reported from them (raw, before the mask, like before penalties and temperature; see
+   ``SamplingParams.logprobs``).
 
 When no row is constrained, the logits are returned as they are: no tensor, no copy, no cost.
 """
