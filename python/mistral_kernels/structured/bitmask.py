@@ -61,7 +61,9 @@ def _blocked_bits(device: torch.device) -> torch.Tensor:
     table = _bit_tables.get(device)
     if table is None:
         b = torch.arange(256, dtype=torch.int32)[:, None]
-        table = ((b >> torch.arange(8, dtype=torch.int32)[None, :]) & 1 == 0).to(device)
+        host = (b >> torch.arange(8, dtype=torch.int32)[None, :]) & 1 == 0
+        table = torch.empty(host.shape, dtype=torch.bool, device=device)
+        copy_into(table, host)  # no host sync, even the first time
         _bit_tables[device] = table
     return table
 
