@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dataclass_cli import add_fields, field_flags, values_from
+from .structured.cli import add_structured_args, structured_from_args
+from .structured.spec import Choice, Grammar, JsonObject, JsonSchema, Regex, StructuredOutput
 
 __all__ = ["FIELD_NAMES", "GREEDY_TEMPERATURE", "MAX_LOGPROBS", "MAX_TEMPERATURE", "SEED_RANGE", "SamplingParams",
            "sampling_params"]
@@ -68,6 +70,11 @@ class SamplingParams:
                                     "and the k most likely tokens' under the raw model distribution "
                                     "(log_softmax of the logits, before penalties, temperature and filters; "
                                     "see mistral_kernels.logprobs); none: off")
+    structured: StructuredOutput | None = _f(
+        None, "constrain the output to a JSON object / JSON schema / regex / choice / grammar "
+              "(mistral_kernels.structured; flags --json-object, --json-schema FILE, --regex PATTERN, --choice "
+              "TEXT, --grammar FILE); the grammar completing finishes the request (\"stop\"); logprobs stay "
+              "raw (before the mask); none: free text", flag="--json-schema")
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -97,6 +104,9 @@ class SamplingParams:
             raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.structured is not None and not isinstance(self.structured, _SPECS):
+            raise ValueError(f"structured must be a JsonObject, JsonSchema, Regex, Choice or Grammar "
+                             f"(mistral_kernels.structured), got {type(self.structured).__name__}")
 
     @property
     def greedy(self) -> bool:
@@ -115,14 +125,17 @@ class SamplingParams:
     # ------------------------------------------------------------------ command line
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-        """One flag per field (``--max-new-tokens``, ..., ``--stop`` repeatable); a bad value is a parse error
-        naming the flag, with this class's message."""
-        add_fields(parser, SamplingParams, check=_check_field)
+        """One flag per field (``--max-new-tokens``, ..., ``--stop`` repeatable; ``structured`` has its own,
+        :mod:`mistral_kernels.structured.cli`); a bad value is a parse error naming the flag, with this class's
+        message."""
+        add_fields(parser, SamplingParams, check=_check_field, only=_PLAIN_FIELDS)
+        add_structured_args(parser)
 
     @staticmethod
     def from_cli_args(args: argparse.Namespace) -> SamplingParams:
         """The params of parsed flags (those of :meth:`add_cli_args`)."""
-        return SamplingParams(**values_from(SamplingParams, args))
+        return SamplingParams(**values_from(SamplingParams, args, only=_PLAIN_FIELDS),
+                              structured=structured_from_args(args))
 
     @staticmethod
     def cli_flags() -> dict[str, str]:
@@ -131,6 +144,8 @@ class SamplingParams:
 
 
 FIELD_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_PLAIN_FIELDS = FIELD_NAMES - {"structured"}  # the fields whose flags dataclass_cli generates
+_SPECS = (JsonObject, JsonSchema, Regex, Choice, Grammar)
 SamplingParams.__doc__ = (SamplingParams.__doc__ or "") + "".join(
     f"    {f.name} : {f.metadata['help']}\n" for f in dataclasses.fields(SamplingParams))
 
