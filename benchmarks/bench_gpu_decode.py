@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import bench_parser, copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
+from common import bench_parser, copy_bandwidth_gbs, device_name, gpu_device, markdown_table  # noqa: E402
 from roofline import batch_step_bytes  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
@@ -143,11 +143,7 @@ def main() -> None:
         ap.error(f"--batches: comma-separated integers, got {args.batches!r}")
     if not batches or min(batches) < 1 or args.new_tokens < 2 or args.prompt_tokens < 1 or args.repeat < 1:
         ap.error("--batches must be positive, --new-tokens >= 2, --prompt-tokens and --repeat >= 1")
-    gpu = torch.device(args.device).type == "cuda"
-    if gpu and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA device is reachable (use --device cpu --smoke to check the script)")
-    if not gpu and not args.smoke:
-        ap.error("--device cpu needs --smoke (CPU decode: benchmarks/bench_generate.py)")
+    gpu = gpu_device(ap, args.device, args.smoke, "benchmarks/bench_generate.py")
     torch.set_grad_enabled(False)
     dev = args.device
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

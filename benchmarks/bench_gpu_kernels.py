@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 import bench_attention  # noqa: E402
-from common import (bench_parser, copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name,  # noqa: E402
+from common import (bench_parser, copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name, gpu_device,  # noqa: E402
                     flushed_cuda_time, l2_bytes, l2_flush_buffer, markdown_table, median_time)
 
 from mistral_kernels import ops  # noqa: E402
@@ -155,11 +155,7 @@ def main() -> None:
     parts = [p for p in args.parts.split(",") if p]
     if any(p not in PARTS for p in parts):
         ap.error(f"--parts: choose from {', '.join(PARTS)}")
-    gpu = torch.device(args.device).type == "cuda"
-    if gpu and not torch.cuda.is_available():
-        ap.error("--device cuda: no CUDA device is reachable (use --device cpu --smoke to check the script)")
-    if not gpu and not args.smoke:
-        ap.error("--device cpu needs --smoke (the CPU kernels' benchmarks: bench_attention.py, bench_quant.py, ...)")
+    gpu = gpu_device(ap, args.device, args.smoke, "bench_attention.py, bench_quant.py, ...")
     torch.set_grad_enabled(False)
     dev = args.device
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -38,6 +38,17 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def gpu_device(ap: argparse.ArgumentParser, device: str, smoke: bool, cpu_instead: str) -> bool:
+    """Whether ``device`` is a CUDA device, after refusing what cannot run: a CUDA device that is not
+    reachable, and a CPU run without ``--smoke`` (``cpu_instead`` names the CPU benchmark to use)."""
+    gpu = torch.device(device).type == "cuda"
+    if gpu and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device is reachable (use --device cpu --smoke to check the script)")
+    if not gpu and not smoke:
+        ap.error(f"--device cpu needs --smoke (on the CPU: {cpu_instead})")
+    return gpu
+
+
 def command_line(script: str) -> str:
     """The result-file line naming the running command: ``Command: `python benchmarks/bench_ops.py ...```."""
     rel = Path(script).resolve().relative_to(Path(__file__).resolve().parents[1])

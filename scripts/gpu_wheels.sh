@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # scripts/gpu_wheels.sh — the small wheels an offline GPU machine needs for scripts/gpu_check.sh, downloaded
 # here (with network) into wheels/ (git-ignored); the GPU run carries that folder and installs each wheel on
-# its own (MK_WHEELS_DIR=wheels). Pure-Python wheels for the device's Python (3.12 by default), no dependencies
+# its own (MK_WHEELS_DIR=wheels). Wheels without dependencies for the device's Python (3.12 by default)
 # (the device image has numpy, pyyaml, tqdm, pytest, transformers, ...).
 #
-#   bash scripts/gpu_wheels.sh            # gguf (the quantized cuda tests and benchmarks need it)
+#   bash scripts/gpu_wheels.sh            # gguf (the quantized cuda tests and benchmarks), llguidance (grammars)
 #   bash scripts/gpu_wheels.sh --extras   # + pytest-xdist, pytest-timeout, execnet (in case the image lacks them)
 #
 # Environment: PYTHON (default python3: any python with pip), WHEELS_DIR (default wheels), PY_VERSION (3.12).
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DIR=${WHEELS_DIR:-wheels}
 PY_VERSION=${PY_VERSION:-3.12}
-SPECS=("gguf==0.19.0")
+SPECS=("gguf==0.19.0" "llguidance==1.9.1")
 for arg in "$@"; do
   case "$arg" in
     --extras) SPECS+=("pytest-xdist" "pytest-timeout" "execnet") ;;

@@ -19,6 +19,8 @@ from mistral_kernels.cli import build_parser
 from mistral_kernels.dataclass_cli import add_fields, field_flags
 from mistral_kernels.llm import LLM
 from mistral_kernels.sampling_params import SamplingParams
+from mistral_kernels.structured import JsonObject, Regex
+from mistral_kernels.structured.cli import add_structured_args
 
 from .helpers.engine import CharTokenizer, ToyModel
 
@@ -29,10 +31,13 @@ VALUES: dict[str, Any] = {
     "max_new_tokens": 7, "temperature": 0.5, "top_k": 3, "top_p": 0.5, "min_p": 0.1, "repetition_penalty": 1.3,
     "presence_penalty": 0.5, "frequency_penalty": -0.25, "seed": 11, "stop": ("xy",), "stop_token_ids": (5, 6),
     "ignore_eos": True, "logprobs": 2, "logit_bias": ((5, -100.0), (9, 2.5)), "min_tokens": 2,
-    "include_stop_str_in_output": True, "skip_special_tokens": False}
+    "include_stop_str_in_output": True, "skip_special_tokens": False,
+    "structured": Regex("[ab]+")}
 # How each surface spells a value where str() / the body's JSON does not (the rest: str(value), the value)
 CLI_TEXT: dict[str, Any] = {"logit_bias": lambda v: [f"{t}={b}" for t, b in v]}
 BODY_VALUE: dict[str, Any] = {"logit_bias": lambda v: {str(t): b for t, b in v}}
+# The server carries `structured` as response_format (JSON only): the value it sends and the spec it expects.
+SERVED_AS: dict[str, tuple[Any, Any]] = {"structured": ({"type": "json_object"}, JsonObject())}
 
 
 def _same_as_sampling_params(surface: str, derived: set[str]) -> None:
@@ -128,7 +133,9 @@ def test_cli_offers_every_field_and_passes_each_value() -> None:
     _same_as_sampling_params("mistral-kernels generate", _cli_fields(parser))
     flags = field_flags(SamplingParams)
     for name, value in VALUES.items():
-        if name in CLI_TEXT:
+        if name == "structured":  # its own flags, one per kind of spec (mistral_kernels.structured.cli)
+            argv = ["--regex", value.pattern]
+        elif name in CLI_TEXT:
             argv = [x for text in CLI_TEXT[name](value) for x in (flags[name], text)]
         elif isinstance(value, bool):
             argv = [flags[name]] if value else [f"--no-{flags[name][2:]}"]
@@ -142,7 +149,8 @@ def test_cli_offers_every_field_and_passes_each_value() -> None:
 
 def test_a_parser_missing_a_flag_is_caught() -> None:
     parser = argparse.ArgumentParser()
-    add_fields(parser, SamplingParams, only=FIELDS - {"seed"})
+    add_fields(parser, SamplingParams, only=FIELDS - {"seed", "structured"})
+    add_structured_args(parser)
     with pytest.raises(AssertionError, match=r"lacks SamplingParams fields \['seed'\]"):
         _same_as_sampling_params("reduced parser", _cli_fields(parser))
 
@@ -188,6 +196,11 @@ def test_server_offers_every_field_and_passes_each_value(model: str) -> None:
         else {"model": "m", "prompt": "hi"}
     defaults = cls(**base).to_sampling_params()
     for name, value in VALUES.items():
+        if name in SERVED_AS:
+            value, expect = SERVED_AS[name]
+            params = cls(**base, **_body_values(cls, name, value)).to_sampling_params()
+            assert params == dataclasses.replace(defaults, **{name: expect}), name
+            continue
         params = cls(**base, **_body_values(cls, name, value)).to_sampling_params()
         assert params == dataclasses.replace(defaults, **{name: value}), name
 

@@ -10,8 +10,6 @@ GGUF token types are SentencePiece's piece types, same numbers). Our ids must eq
 from __future__ import annotations
 
 import random
-import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -40,54 +38,14 @@ TEXTS = [
 USER_DEFINED_TEXTS = ["[REFERENCE_DOC_1] start", "mid[REFERENCE_DOC_2]dle end", "x [REFERENCE_DOC_3] y"]
 
 
-# ---- reading the .model file: a serialized sentencepiece ModelProto --------------------------------------------
-# ModelProto field 1 = repeated SentencePiece {1: piece (string), 2: score (float), 3: type (enum, default 1)};
-# field 3 = NormalizerSpec {3: add_dummy_prefix (bool, default true)}. Wire types: 0 varint, 2 bytes, 5 fixed32.
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            yield number, value
-        elif wire == 2:
-            n, pos = _varint(data, pos)
-            yield number, data[pos:pos + n]
-            pos += n
-        elif wire == 5:
-            yield number, data[pos:pos + 4]
-            pos += 4
-        elif wire == 1:
-            yield number, data[pos:pos + 8]
-            pos += 8
-        else:
-            raise ValueError(f"protobuf wire type {wire} at byte {pos}")
-
-
 def _read_model(path: Path) -> tuple[list[tuple[str, float, int]], bool]:
-    """(piece, score, type) per id, and add_dummy_prefix."""
-    pieces: list[tuple[str, float, int]] = []
-    add_dummy_prefix = True
-    for number, value in _fields(path.read_bytes()):
-        if number == 1:
-            piece = {1: b"", 2: struct.pack("<f", 0.0), 3: 1} | dict(_fields(value))
-            pieces.append((piece[1].decode("utf-8"), struct.unpack("<f", piece[2])[0], piece[3]))
-        elif number == 3:
-            add_dummy_prefix = bool(dict(_fields(value)).get(3, 1))
-    return pieces, add_dummy_prefix
+    """(piece, score, type) per id, and add_dummy_prefix, read by sentencepiece's own ModelProto (protobuf);
+    the piece types are gguf's TokenType values."""
+    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (a test dependency)
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(path.read_bytes())
+    return [(p.piece, p.score, p.type) for p in proto.pieces], proto.normalizer_spec.add_dummy_prefix
 
 
 # ---- fixtures ------------------------------------------------------------------------------------------------

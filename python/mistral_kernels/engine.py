@@ -41,6 +41,7 @@ from .runner import ModelRunner, PagedModel
 from .sampling_params import SamplingParams
 from .scheduler import AdmissionError, Scheduler
 from .stats import DecodeTraffic, EngineStats
+from .structured.grammar import GrammarCompiler
 from .tokenization import Tokenizer
 
 __all__ = ["AdmissionError", "CheckedRequest", "Completion", "Engine", "EngineStats", "PagedModel",
@@ -85,6 +86,9 @@ class Engine:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)
         self.runner.eos_ids = self.output.eos_ids
+        # structured outputs: the grammars compiled against the tokenizer (its vocabulary built on first use)
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size, self.output.eos_ids) \
+            if tokenizer is not None else None
         self.stats = EngineStats()
         self._traffic = DecodeTraffic.of(model)
         self._next_id = 0
@@ -155,8 +159,9 @@ class Engine:
         Raises
         ------
         ValueError
-            Empty prompt or token ids outside the vocabulary; an :class:`AdmissionError` when it can never
-            run (see :meth:`max_new_tokens_for`).
+            Empty prompt or token ids outside the vocabulary; an invalid ``params.structured`` (the grammar
+            library's message); an :class:`AdmissionError` when it can never run (see
+            :meth:`max_new_tokens_for`).
         """
         params = params or SamplingParams()
         ids = [int(t) for t in prompt_ids]
@@ -167,6 +172,10 @@ class Engine:
         if bad:
             raise ValueError(f"prompt_ids contains {bad[:5]} outside the vocabulary [0, {v})")
         params.check_vocabulary(v)
+        if params.structured is not None:
+            if self.grammars is None:
+                raise ValueError("params.structured needs an engine with a tokenizer (grammars match text)")
+            self.grammars.compile(params.structured)  # compiled once and cached: a bad spec fails here
         n = self.max_new_tokens_for(len(ids), params.max_new_tokens, copies)
         if n != params.max_new_tokens:
             params = dataclasses.replace(params, max_new_tokens=n)
@@ -177,6 +186,8 @@ class Engine:
         params = request.params
         r = Request(self._next_id, list(request.prompt_ids), params, self.runner.generator_for(params),
                     RequestTimings(arrival=time.perf_counter()))
+        if params.structured is not None and self.grammars is not None:
+            r.grammar = self.grammars.state(params.structured)
         self._next_id += 1
         self.output.add(r)
         self.scheduler.add(r)

@@ -8,7 +8,9 @@ Host-only. For each sampled token of a request, in this order:
    can touch: the last ``len(longest stop) - 1`` old characters + the new text);
 3. else a ``stop_token_ids`` token, or an EOS token (unless ``ignore_eos``) → "stop"; that token's own text
    is left out unless ``include_stop_str_in_output`` (as vLLM does);
-4. else ``max_new_tokens`` reached → "length".
+4. else the request's grammar (structured output, :mod:`.structured`) consumed the token and is complete
+   → "stop";
+5. else ``max_new_tokens`` reached → "length".
 
 Each processed token gives the request's :class:`RequestOutput` of the step: the new token ids, the text
 that became final since the previous output, the new tokens' log-probabilities, and on the last one the
@@ -178,10 +180,13 @@ class OutputProcessor:
                     st.emitted = min(st.emitted, pos)
                     r.finish_reason, r.stop_reason = "stop", s
                     return
+        complete = r.grammar is not None and r.grammar.accept(tok)
         if tok in p.stop_token_ids:
             r.finish_reason, r.stop_reason = "stop", tok
         elif tok in self.eos_ids and not p.ignore_eos:
             r.finish_reason, r.stop_reason = "stop", tok
+        elif complete:
+            r.finish_reason = "stop"
         elif len(r.output_ids) >= p.max_new_tokens:
             r.finish_reason = "length"
         if r.finish_reason is not None and st.decoder is not None:

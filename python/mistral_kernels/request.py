@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .sampling_params import SamplingParams
+from .structured.matcher import GrammarState
 
 __all__ = ["CheckedRequest", "Request", "RequestTimings"]
 
@@ -69,6 +70,7 @@ class Request:
     num_preemptions : how often the request was preempted and recomputed
     finish_reason : None while running; "stop" or "length"
     stop_reason : the matched stop string or stop / EOS token id
+    grammar : the structured-output state when ``params.structured`` is set (it has consumed ``output_ids``)
     """
 
     rid: int
@@ -81,6 +83,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    grammar: GrammarState | None = None
 
     @property
     def all_ids(self) -> list[int]:

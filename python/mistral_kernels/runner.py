@@ -36,6 +36,7 @@ from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
 from .sampling import SamplingParams, sample
 from .scheduler import ScheduledChunk, SchedulerOutput
+from .structured.bitmask import MaskWorkspace, constrain_logits
 from .transfer import to_device
 
 __all__ = ["ModelRunner", "PagedModel"]
@@ -82,6 +83,7 @@ class ModelRunner:
         self._default_generator.seed()
         self._broadcast = getattr(model, "broadcast_tokens", None)
         self.eos_ids: frozenset[int] = frozenset()  # what min_tokens masks (set by the engine)
+        self._mask_workspace = MaskWorkspace()  # structured outputs: the masked logits' host buffers
         if enforce_eager is None:
             enforce_eager = self.device.type != "cuda" or self._broadcast is not None
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
@@ -138,7 +140,10 @@ class ModelRunner:
             return [], None
         penalized = any(r.params.needs_history for r in samplers)
         counted = penalized or any(r.params.min_tokens for r in samplers)
-        next_ids = sample(logits, [r.params for r in samplers],
+        # structured outputs: grammar masks filled now, while a GPU still runs the forward; `logits` stay raw
+        # (logprobs); `masked` is `logits` itself when no request is constrained
+        masked = constrain_logits(logits, samplers, self._mask_workspace)  # [N, V]
+        next_ids = sample(masked, [r.params for r in samplers],
                           [r.generator or self._default_generator for r in samplers],
                           [r.all_ids for r in samplers] if penalized else None,
                           [r.output_ids for r in samplers] if counted else None, eos_ids=self.eos_ids)  # [N]

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dataclass_cli import add_fields, field_flags, values_from
+from .structured.cli import add_structured_args, structured_from_args
+from .structured.spec import Choice, Grammar, JsonObject, JsonSchema, Regex, StructuredOutput
 
 __all__ = ["FIELD_NAMES", "GREEDY_TEMPERATURE", "LOGIT_BIAS_RANGE", "MAX_LOGPROBS", "MAX_TEMPERATURE", "SEED_RANGE",
            "SamplingParams", "sampling_params"]
@@ -86,6 +88,11 @@ class SamplingParams:
     include_stop_str_in_output: bool = _f(False, "keep the matched stop string (or the text of the stop / EOS "
                                                  "token that ended generation) at the end of the text")
     skip_special_tokens: bool = _f(True, "leave special tokens (<|im_end|>, [TOOL_CALLS], ...) out of the text")
+    structured: StructuredOutput | None = _f(
+        None, "constrain the output to a JSON object / JSON schema / regex / choice / grammar "
+              "(mistral_kernels.structured; flags --json-object, --json-schema FILE, --regex PATTERN, --choice "
+              "TEXT, --grammar FILE); the grammar completing finishes the request (\"stop\"); logprobs stay "
+              "raw (before the mask); none: free text", flag="--json-schema")
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -118,6 +125,9 @@ class SamplingParams:
             raise ValueError(f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.min_tokens < 0 or (self.max_new_tokens is not None and self.min_tokens > self.max_new_tokens):
             raise ValueError(f"min_tokens must be in [0, max_new_tokens], got {self.min_tokens}")
+        if self.structured is not None and not isinstance(self.structured, _SPECS):
+            raise ValueError(f"structured must be a JsonObject, JsonSchema, Regex, Choice or Grammar "
+                             f"(mistral_kernels.structured), got {type(self.structured).__name__}")
 
     def check_vocabulary(self, vocab_size: int) -> None:
         """Token ids of ``logit_bias`` and ``stop_token_ids`` are in [0, vocab_size) (the engine calls this
@@ -144,14 +154,17 @@ class SamplingParams:
     # ------------------------------------------------------------------ command line
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-        """One flag per field (``--max-new-tokens``, ..., ``--stop`` repeatable); a bad value is a parse error
-        naming the flag, with this class's message."""
-        add_fields(parser, SamplingParams, check=_check_field)
+        """One flag per field (``--max-new-tokens``, ..., ``--stop`` repeatable; ``structured`` has its own,
+        :mod:`mistral_kernels.structured.cli`); a bad value is a parse error naming the flag, with this class's
+        message."""
+        add_fields(parser, SamplingParams, check=_check_field, only=_PLAIN_FIELDS)
+        add_structured_args(parser)
 
     @staticmethod
     def from_cli_args(args: argparse.Namespace) -> SamplingParams:
         """The params of parsed flags (those of :meth:`add_cli_args`)."""
-        return SamplingParams(**values_from(SamplingParams, args))
+        return SamplingParams(**values_from(SamplingParams, args, only=_PLAIN_FIELDS),
+                              structured=structured_from_args(args))
 
     @staticmethod
     def cli_flags() -> dict[str, str]:
@@ -160,6 +173,8 @@ class SamplingParams:
 
 
 FIELD_NAMES: frozenset[str] = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_PLAIN_FIELDS = FIELD_NAMES - {"structured"}  # the fields whose flags dataclass_cli generates
+_SPECS = (JsonObject, JsonSchema, Regex, Choice, Grammar)
 SamplingParams.__doc__ = (SamplingParams.__doc__ or "") + "".join(
     f"    {f.name} : {f.metadata['help']}\n" for f in dataclasses.fields(SamplingParams))
 

@@ -31,6 +31,31 @@ inline void k4_scales(const uint8_t* q, float d, float dmin, float (&dm)[16]) {
   _mm256_storeu_ps(dm + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(vm)), _mm256_set1_ps(dmin)));
 }
 
+// Q4_K / Q5_K: g(s, codes) for the 8 chunks s of 32 weights of a block, in order; codes: the chunk's 4-bit
+// (Q4_K) or 5-bit (Q5_K: the 5th bit is bit s of qh[l]) unsigned codes as bytes in element order.
+template <int32_t QT, typename G>
+__attribute__((always_inline)) inline void k4_codes(const uint8_t* blk, G&& g) {
+  const __m256i lo4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* qs = blk + (QT == ::mk::kQ5_K ? 48 : 16);
+  [[maybe_unused]] __m256i qh;
+  if constexpr (QT == ::mk::kQ5_K) qh = load32b(blk + 16);
+#pragma GCC unroll 4
+  for (int pair = 0; pair < 4; ++pair) {
+    const __m256i b = load32b(qs + 32 * pair);
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      const int s = 2 * pair + half;
+      __m256i nib = half ? _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4) : _mm256_and_si256(b, lo4);
+      if constexpr (QT == ::mk::kQ5_K) {
+        const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
+        nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
+                                                    _mm256_set1_epi8(16)));
+      }
+      g(s, nib);
+    }
+  }
+}
+
 // Q8_0 and Q6_K give signed codes (Q6_K's q - 32), the others unsigned ones with an offset per chunk.
 template <int32_t QT>
 inline constexpr bool kSignedCodes = QT == ::mk::kQ8_0 || QT == ::mk::kQ6_K;
@@ -56,24 +81,7 @@ __attribute__((always_inline)) inline void decode_codes(const uint8_t* blk, F&& 
     const float d = fp16_at(blk), dmin = fp16_at(blk + 2);
     alignas(32) float dm[16];  // d·sc_s, then dmin·m_s
     k4_scales(blk + 4, d, dmin, dm);
-    const uint8_t* qs = blk + (QT == ::mk::kQ5_K ? 48 : 16);
-    [[maybe_unused]] __m256i qh;
-    if constexpr (QT == ::mk::kQ5_K) qh = load32b(blk + 16);
-#pragma GCC unroll 4
-    for (int pair = 0; pair < 4; ++pair) {
-      const __m256i b = load32b(qs + 32 * pair);
-#pragma GCC unroll 2
-      for (int half = 0; half < 2; ++half) {
-        const int s = 2 * pair + half;
-        __m256i nib = half ? _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4) : _mm256_and_si256(b, lo4);
-        if constexpr (QT == ::mk::kQ5_K) {  // 5th bit: bit s of qh[l]
-          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
-          nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-                                                      _mm256_set1_epi8(16)));
-        }
-        f(s, nib, dm[s], dm[s], -dm[8 + s]);
-      }
-    }
+    k4_codes<QT>(blk, [&](int s, __m256i nib) { f(s, nib, dm[s], dm[s], -dm[8 + s]); });
   } else if constexpr (QT == ::mk::kQ6_K) {
     const float d = fp16_at(blk + 208);
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
@@ -314,25 +322,10 @@ __attribute__((always_inline)) inline KBlock decode_codes_k(const uint8_t* blk, 
     const __m128i mn8 = _mm_set_epi32(0, 0, static_cast<int>(mn1), static_cast<int>(mn0));
     // m_s twice (m0 m0 m1 m1 ...) as int16: pairs with the sums per 16 of q
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
-    const uint8_t* qs = blk + (QT == ::mk::kQ5_K ? 48 : 16);
-    [[maybe_unused]] __m256i qh;
-    if constexpr (QT == ::mk::kQ5_K) qh = load32b(blk + 16);
-#pragma GCC unroll 4
-    for (int pair = 0; pair < 4; ++pair) {
-      const __m256i b = load32b(qs + 32 * pair);
-#pragma GCC unroll 2
-      for (int half = 0; half < 2; ++half) {
-        const int s = 2 * pair + half;
-        __m256i nib = half ? _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4) : _mm256_and_si256(b, lo4);
-        if constexpr (QT == ::mk::kQ5_K) {  // 5th bit: bit s of qh[l]
-          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
-          nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-                                                      _mm256_set1_epi8(16)));
-        }
-        const __m256i pick = _mm256_set1_epi16(static_cast<short>((2 * s) | ((2 * s + 1) << 8)));
-        f(s, nib, _mm256_shuffle_epi8(sc16, pick));
-      }
-    }
+    k4_codes<QT>(blk, [&](int s, __m256i nib) {
+      const __m256i pick = _mm256_set1_epi16(static_cast<short>((2 * s) | ((2 * s + 1) << 8)));
+      f(s, nib, _mm256_shuffle_epi8(sc16, pick));
+    });
     return KBlock{fp16_at(blk), fp16_at(blk + 2), mins16};
   } else {  // Q6_K
     const __m128i sc8 = load16b(blk + 192);

@@ -36,7 +36,8 @@ class JsonObject:
 
 @dataclass(frozen=True)
 class JsonSchema:
-    """A JSON value valid under ``schema``; stored as canonical JSON text (hashable, a cache key)."""
+    """A JSON value valid under ``schema``; stored as compact JSON text in the given key order (hashable: the
+    compiled-grammar cache key). Object properties are generated in the schema's order."""
 
     schema: str
 
@@ -52,7 +53,7 @@ class JsonSchema:
             raise TypeError(f"structured: JsonSchema takes a dict or its JSON text, got {type(schema).__name__}")
         if not isinstance(parsed, dict):
             raise ValueError(f"structured: a JSON schema must be an object, got {type(parsed).__name__}")
-        object.__setattr__(self, "schema", json.dumps(parsed, sort_keys=True, separators=(",", ":")))
+        object.__setattr__(self, "schema", json.dumps(parsed, separators=(",", ":")))
 
     def as_dict(self) -> dict[str, Any]:
         return json.loads(self.schema)
