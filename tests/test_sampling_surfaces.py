@@ -19,7 +19,7 @@ from mistral_kernels.cli import build_parser
 from mistral_kernels.dataclass_cli import add_fields, field_flags
 from mistral_kernels.llm import LLM
 from mistral_kernels.sampling_params import SamplingParams
-from mistral_kernels.structured import JsonObject, Regex
+from mistral_kernels.structured import JsonSchema, Regex
 from mistral_kernels.structured.cli import add_structured_args
 
 from .helpers.engine import CharTokenizer, ToyModel
@@ -37,7 +37,9 @@ VALUES: dict[str, Any] = {
 CLI_TEXT: dict[str, Any] = {"logit_bias": lambda v: [f"{t}={b}" for t, b in v]}
 BODY_VALUE: dict[str, Any] = {"logit_bias": lambda v: {str(t): b for t, b in v}}
 # The server carries `structured` as response_format (JSON only): the value it sends and the spec it expects.
-SERVED_AS: dict[str, tuple[Any, Any]] = {"structured": ({"type": "json_object"}, JsonObject())}
+SERVED_AS: dict[str, tuple[Any, Any]] = {"structured": (
+    {"type": "json_object"}, JsonSchema({"type": "object", "x-guidance": {
+        "whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}))}
 
 
 def _same_as_sampling_params(surface: str, derived: set[str]) -> None:

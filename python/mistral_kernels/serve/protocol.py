@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..sampling_params import SamplingParams
-from ..structured.spec import JsonObject, JsonSchema, StructuredOutput
+from ..structured.spec import JsonSchema, StructuredOutput
 
-__all__ = ["IGNORED_FIELDS", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "InvalidField",
+__all__ = ["IGNORED_FIELDS", "JSON_LAYOUT", "ChatCompletionRequest", "ChatMessage", "CompletionRequest", "InvalidField",
            "ResponseFormat", "SamplingFields", "StreamOptions", "TextPart", "ToolChoiceFunction", "ToolDefinition"]
 
 # Accepted and ignored (they do not change the output): OpenAI's bookkeeping and routing fields. Every other
@@ -50,6 +50,12 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+# The server's JSON layout (llguidance's ``x-guidance`` options): ", " and ": " between items, no other
+# whitespace, as OpenAI's API and json.dumps write JSON. Free whitespace would let a sampled small model pad
+# with newlines and tabs until max_tokens.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class JsonSchemaFormat(_Body):
@@ -81,11 +87,13 @@ class ResponseFormat(_Body):
         return self
 
     def spec(self) -> StructuredOutput | None:
+        """The constraint: JSON written as OpenAI's API writes it (:data:`JSON_LAYOUT`) — any object, or a value
+        valid under the schema (a schema's own ``x-guidance`` layout wins)."""
         if self.type == "json_object":
-            return JsonObject()
+            return JsonSchema({"type": "object", "x-guidance": JSON_LAYOUT})
         if self.type == "json_schema":
             assert self.json_schema is not None
-            return JsonSchema(self.json_schema.schema_ or {})
+            return JsonSchema({"x-guidance": JSON_LAYOUT, **(self.json_schema.schema_ or {})})
         return None
 
 
