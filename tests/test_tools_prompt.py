@@ -154,3 +154,14 @@ def test_mistral_token_bytes_spell_the_text(name: str) -> None:
     assert b"".join(tok.token_bytes(i) for i in ids).decode("utf-8").removeprefix(" ") == text
     calls = tool_format(tok).tool_calls_id
     assert calls is not None and tok.token_bytes(calls) == b"[TOOL_CALLS]"
+
+
+@pytest.mark.parametrize("name", ["mistral_instruct_tokenizer_240323.model.v3", "tekken_240911.json"])
+def test_mistral_decode_keeping_special_tokens_is_text(name: str) -> None:
+    """With special tokens kept (how tool calls are parsed), the text between them is text (SentencePiece's raw
+    pieces ▁ / <0x0A> are not), and the special tokens are spelled out."""
+    tok = MistralCommonTokenizer(DATA / name)
+    calls = tool_format(tok).tool_calls_id
+    ids = tok.encode("Hi there\n[x]", add_special_tokens=True) + [calls] + tok.encode('[{"a": 1}]', False)
+    assert tok.decode(ids, skip_special_tokens=False) == '<s>Hi there\n[x][TOOL_CALLS][{"a": 1}]'
+    assert tok.decode(ids).replace(" [{", "[{") == 'Hi there\n[x][{"a": 1}]'  # (SentencePiece's dummy space)

@@ -50,9 +50,31 @@ class _Vocabulary:
         self.eos_token_id = eos
         self.bos_token_id = tokenizer.bos_id
         self._tokenizer = tokenizer
+        self._specials = frozenset(self.special_token_ids)
+        self._byte_ids: dict[int, int] | None = None  # byte value → a token spelling exactly that byte
 
-    def __call__(self, text: bytes) -> list[int]:  # llguidance tokenizes forced text with it
-        return self._tokenizer.encode(text.decode("utf-8", errors="replace"), add_special_tokens=False)
+    def __call__(self, text: bytes) -> list[int]:
+        """Token ids whose bytes spell ``text`` (llguidance tokenizes forced text mid-output with it).
+
+        A SentencePiece tokenizer encodes a text as the start of a sentence, with a dummy-prefix space
+        (``"name"`` → ``▁name`` = b" name"): then the text is encoded after a newline and the tokens spelling
+        the newline (and its dummy space) are dropped; failing that, one byte token per byte."""
+        s = text.decode("utf-8", errors="replace")
+        ids = self._tokenizer.encode(s, add_special_tokens=False)
+        if self._spell(ids) == text:
+            return ids
+        ids = self._tokenizer.encode("\n" + s, add_special_tokens=False)
+        for k in range(1, min(len(ids), 3) + 1):
+            if self._spell(ids[:k]) in (b"\n", b" \n") and self._spell(ids[k:]) == text:
+                return ids[k:]
+        if self._byte_ids is None:
+            self._byte_ids = {b[0]: t for t, b in enumerate(self.tokens) if len(b) == 1 and t not in self._specials}
+        if all(b in self._byte_ids for b in text):
+            return [self._byte_ids[b] for b in text]
+        return self._tokenizer.encode(s, add_special_tokens=False)
+
+    def _spell(self, ids: list[int]) -> bytes:
+        return b"".join(self.tokens[t] if 0 <= t < len(self.tokens) else b"" for t in ids)
 
 
 def grammar_vocabulary(tokenizer: Tokenizer, vocab_size: int, eos_ids: Collection[int]) -> llguidance.LLTokenizer:

@@ -35,10 +35,25 @@ class MistralCommonTokenizer(Tokenizer):
         return list(self._raw.encode(text, bos=add_special_tokens, eos=False))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``. Special tokens kept: tekken decodes them in place; SentencePiece kinds (whose
+        mistral-common decode then returns raw pieces, ``▁`` and ``<0x0A>`` included) decode the runs between
+        special tokens as text and write each special token as its piece."""
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy
 
-        policy = SpecialTokenPolicy.IGNORE if skip_special_tokens else SpecialTokenPolicy.KEEP
-        return self._raw.decode([int(i) for i in ids], special_token_policy=policy)
+        ids = [int(i) for i in ids]
+        if skip_special_tokens or hasattr(self._raw, "id_to_byte_piece"):
+            policy = SpecialTokenPolicy.IGNORE if skip_special_tokens else SpecialTokenPolicy.KEEP
+            return self._raw.decode(ids, special_token_policy=policy)
+        out, run = [], []
+        for t in ids:
+            if self._raw.is_special(t):
+                out.append(self._raw.decode(run, special_token_policy=SpecialTokenPolicy.IGNORE) if run else "")
+                out.append(self._raw.id_to_piece(t))
+                run = []
+            else:
+                run.append(t)
+        out.append(self._raw.decode(run, special_token_policy=SpecialTokenPolicy.IGNORE) if run else "")
+        return "".join(out)
 
     def token_bytes(self, token_id: int) -> bytes:
         """Tekken pieces are bytes (``id_to_byte_piece``). SentencePiece pieces: a byte-fallback piece
