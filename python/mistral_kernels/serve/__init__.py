@@ -10,6 +10,7 @@ module                 role
 :mod:`.async_engine`   the engine loop in a background thread, per-request event queues
 :mod:`.metrics`        Prometheus metrics
 :mod:`.app`            the FastAPI app (endpoints, server-sent events)
+:mod:`.tool_calls`     the chat body's tools → :mod:`mistral_kernels.tools.chat` (400s naming the field)
 :mod:`.server`         load the model, run uvicorn, graceful shutdown on SIGINT / SIGTERM
 :mod:`.tp`             ``--tp N``: rank 0 broadcasts its engine operations, the other ranks follow
 =====================  ==========================================================================
