@@ -202,12 +202,11 @@ class Scheduler:
         budget = self.max_tokens_per_step
         chosen: list[tuple[Request, int]] = []
         taken: set[int] = set()  # rids chosen in this step (never preempted by a later pass)
-        preempted = 0
+        gone: set[int] = set()  # rids preempted in this step
         # 1. decodes, oldest first (every one fits: budget ≥ max_batch ≥ running).
         for r in list(self._running):
-            if self._is_running(r) and r.num_tokens - r.num_computed == 1 and budget > 0:
-                got, n = self._allocate_running(r, 1, taken)
-                preempted += n
+            if r.rid not in gone and r.num_tokens - r.num_computed == 1 and budget > 0:
+                got = self._allocate_running(r, 1, taken, gone)
                 if got:
                     chosen.append((r, got))
                     taken.add(r.rid)
@@ -218,12 +217,11 @@ class Scheduler:
         for i, r in enumerate(prefills):
             if budget <= 0 or len(chosen) >= self.max_batch:
                 break
-            if not self._is_running(r):  # preempted by an older prefill of this pass
+            if r.rid in gone:  # preempted by an older prefill of this pass
                 continue
-            behind = any(self._is_running(x) for x in prefills[i + 1:]) or self._admissible()
+            behind = any(x.rid not in gone for x in prefills[i + 1:]) or self._admissible()
             want = min(r.num_tokens - r.num_computed, budget, share if behind else budget)
-            got, n = self._allocate_running(r, want, taken)
-            preempted += n
+            got = self._allocate_running(r, want, taken, gone)
             if got:
                 chosen.append((r, got))
                 taken.add(r.rid)
@@ -254,30 +252,26 @@ class Scheduler:
             taken.add(r.rid)
             budget -= got
             pending.update(self._pending_addresses([(r, got)]))
-        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted,
+        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, len(gone),
                                queried, hit)
-
-    def _is_running(self, r: Request) -> bool:
-        return any(x is r for x in self._running)
 
     def _admissible(self) -> bool:
         """A waiting request could join this step (a free batch slot), so it wants prefill tokens."""
         return bool(self._waiting) and len(self._running) < self.max_batch
 
-    def _allocate_running(self, r: Request, want: int, taken: set[int]) -> tuple[int, int]:
+    def _allocate_running(self, r: Request, want: int, taken: set[int], gone: set[int]) -> int:
         """Blocks for ``want`` tokens of running ``r``, preempting the newest running requests not chosen in
-        this step while none is free; ``r`` itself yields (is preempted) when it is that newest one. Returns
-        (tokens granted, 0 when ``r`` was preempted; requests preempted)."""
-        preempted = 0
+        this step (their rids join ``gone``) while none is free; ``r`` itself yields (is preempted) when it is
+        that newest one. Returns the tokens granted (0 when ``r`` was preempted)."""
         got = self._try_allocate(r, want)
         while got == 0:
             victim = next(x for x in reversed(self._running) if x.rid not in taken)  # r is a candidate
             self._preempt(victim)
-            preempted += 1
+            gone.add(victim.rid)
             if victim is r:
-                return 0, preempted
+                return 0
             got = self._try_allocate(r, want)
-        return got, preempted
+        return got
 
     def commit(self, output: SchedulerOutput) -> None:
         """After the step's forward: the chunks' k/v are in the cache (full blocks become cached)."""
