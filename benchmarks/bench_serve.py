@@ -12,10 +12,13 @@ file, ours with its defaults (no ``--max-batch`` / ``--max-tokens-per-step`` / `
 see python/mistral_kernels/engine_sizing.py), llama-server with the same 2 threads, 32 slots and 1024
 tokens of context per slot (``-t 2 -tb 2 -np 32 -c 32768``); runs interleaved — for each round, for each
 concurrency, ours then llama-server — and the medians over rounds reported, with the load average before
-each run (the machine is shared):
+each run (the machine is shared; ``--llama-no-poll`` adds llama-server with ``--poll 0``, whose threads do
+not spin while they wait — llama.cpp's default spinning loses most of its time when other processes want
+the cores):
 
-    python benchmarks/bench_serve.py --concurrency 1,8,32 --rounds 2 \\
-        --llama-server /work/llama/llama-build/bin/llama-server --out benchmarks/results/cpu_serve.md
+    python benchmarks/bench_serve.py --concurrency 1,8,32 --rounds 2 --requests-per-client 1 \\
+        --llama-server /work/llama/llama-build/bin/llama-server --llama-no-poll \\
+        --out benchmarks/results/cpu_serve.md
 
 Only ours: leave out ``--llama-server``; a running server: ``--url`` (then nothing is started).
 """
@@ -148,10 +151,10 @@ def _start_ours(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]
     return proc, url
 
 
-def _start_llama(args: argparse.Namespace, gguf: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start_llama(args: argparse.Namespace, gguf: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     cmd = [args.llama_server, "-m", gguf, "-t", str(args.threads), "-tb", str(args.threads), "-np",
-           str(args.llama_slots), "-c", str(args.llama_slots * 1024), "--port", str(port), "--no-webui"]
+           str(args.llama_slots), "-c", str(args.llama_slots * 1024), "--port", str(port), "--no-webui", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(proc, url, "llama-server")
@@ -184,6 +187,9 @@ def main() -> None:
     p.add_argument("--llama-server", help="llama-server binary: also run it on the same GGUF file")
     p.add_argument("--llama-slots", type=int, default=32, help="llama-server -np (32)")
     p.add_argument("--threads", type=int, default=2, help="llama-server -t / -tb (2)")
+    p.add_argument("--llama-no-poll", action="store_true",
+                   help="also run a llama-server with --poll 0 (its threads sleep instead of spinning while they "
+                        "wait: on a machine shared with other jobs it loses far less time)")
     p.add_argument("--out", help="write a markdown report here")
     args = p.parse_args()
     from mistral_kernels.default_model import default_model_path
@@ -198,8 +204,11 @@ def main() -> None:
             proc, servers["mistral-kernels"] = _start_ours(args)
             procs.append(proc)
         if args.llama_server:
-            proc, servers["llama-server"] = _start_llama(args, gguf)
+            proc, servers["llama-server"] = _start_llama(args, gguf, [])
             procs.append(proc)
+            if args.llama_no_poll:
+                proc, servers["llama-server --poll 0"] = _start_llama(args, gguf, ["--poll", "0"])
+                procs.append(proc)
         for name, url in servers.items():  # warm-up
             asyncio.run(_run(url, "bench", 1, 1, 4, 10**6))
         runs: dict[tuple[str, int], list[Run]] = {}
