@@ -21,6 +21,8 @@ the cores):
         --out benchmarks/results/cpu_serve.md
 
 Only ours: leave out ``--llama-server``; a running server: ``--url`` (then nothing is started).
+Head of line: ``--head-of-line 3000 --rounds 2`` prints, per round, the time to first token of a short chat
+request sent 1 s after a 3,000-token prompt, the long prompt's total time and the load average.
 """
 
 from __future__ import annotations
@@ -121,6 +123,24 @@ async def _run(url: str, model: str, clients: int, requests: int, max_tokens: in
     return results, time.perf_counter() - t0
 
 
+async def _head_of_line(url: str, long_tokens: int, rounds: int) -> list[tuple[float, float, float]]:
+    """(short request's TTFT, long prompt's total time, load) per round: a ``long_tokens``-token prompt (token
+    ids, completions API) is sent, and 1 s later a short chat request, while the long one is being prefilled."""
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900)
+    out = []
+    for rnd in range(rounds):
+        long_ids = [(7 * i + 3 + rnd) % 20000 + 100 for i in range(long_tokens)]
+        t0 = time.perf_counter()
+        long = asyncio.create_task(client.completions.create(model="bench", prompt=long_ids, max_tokens=1))
+        await asyncio.sleep(1.0)
+        load = os.getloadavg()[0]
+        short = await _one(client, "bench", f"Round {rnd}. What is the capital of France?", 8)
+        await long
+        out.append((short.ttft, time.perf_counter() - t0, load))
+    await client.close()
+    return out
+
+
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, name: str) -> None:
     deadline = time.time() + 600
     while True:
@@ -190,6 +210,8 @@ def main() -> None:
     p.add_argument("--llama-no-poll", action="store_true",
                    help="also run a llama-server with --poll 0 (its threads sleep instead of spinning while they "
                         "wait: on a machine shared with other jobs it loses far less time)")
+    p.add_argument("--head-of-line", type=int, metavar="TOKENS",
+                   help="instead: the TTFT of a short request sent 1 s after a prompt of TOKENS tokens (our server)")
     p.add_argument("--out", help="write a markdown report here")
     args = p.parse_args()
     from mistral_kernels.default_model import default_model_path
@@ -211,6 +233,11 @@ def main() -> None:
                 procs.append(proc)
         for name, url in servers.items():  # warm-up
             asyncio.run(_run(url, "bench", 1, 1, 4, 10**6))
+        if args.head_of_line:
+            for ttft, total, load in asyncio.run(_head_of_line(servers[next(iter(servers))], args.head_of_line,
+                                                               args.rounds)):
+                print(f"| {args.head_of_line} | {ttft:.2f} | {total:.1f} | {load:.1f} |", flush=True)
+            return
         runs: dict[tuple[str, int], list[Run]] = {}
         counter = 0
         for rnd in range(args.rounds):
