@@ -38,10 +38,12 @@ class EngineArgs:
     dtype: str = _f("auto", "weights/KV dtype; auto (default) = the checkpoint's own, fp16 → bf16 on the CPU "
                             "(an explicit fp16 runs there too, in fp32 math)", choices=sorted(DTYPES))
     device: str = _f("cpu", "cpu (default) or cuda[:N]")
-    max_batch: int = _f(8, "sequences per engine step (8)")
+    max_batch: int | None = _f(None, "sequences per engine step (default: as many as the KV cache of 1024 "
+                                     "tokens each fits in half the memory left after the weights, at most 64)")
     block_size: int = _f(16, "KV cache block size in tokens (16)")
     num_blocks: int | None = _f(None, "KV cache blocks (default: sized for --max-batch sequences)")
-    max_tokens_per_step: int = _f(512, "token budget per engine step = prefill chunk size (512)")
+    max_tokens_per_step: int | None = _f(None, "token budget per engine step (chunked prefill; default: the "
+                                               "tokens this model computes in 0.5 s here, measured at startup)")
     enable_prefix_caching: bool = _f(True, "share the KV blocks of common prompt prefixes between requests (on)")
     enforce_eager: bool = _f(False, "no CUDA graphs: decode steps launch their kernels one by one (debugging, "
                                     "profiling)")

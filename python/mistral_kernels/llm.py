@@ -22,6 +22,7 @@ import torch
 from .cache import default_num_blocks
 from .checkpoint import Checkpoint
 from .engine import Completion, Engine
+from .engine_sizing import MIN_STEP_TOKENS, engine_sizes
 from .loading import load_model
 from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
@@ -46,10 +47,13 @@ class LLM:
     device, dtype : where and in which dtype the weights and the KV cache live; ``dtype=None`` (default) is
         the checkpoint's own (:meth:`Checkpoint.default_dtype`; fp16 → bf16 on the CPU). An explicit
         ``torch.float16`` runs on the CPU too (fp16 storage, fp32 math: code written for a GPU runs unchanged).
-    max_batch : most sequences decoded together.
+    max_batch : most sequences decoded together; None (default) sizes it from the memory left after the
+        weights (:mod:`.engine_sizing`, at most 64).
     block_size : KV cache block size (tokens, a power of two).
     num_blocks : KV cache blocks; None sizes the pool for ``max_batch`` sequences (cache.default_num_blocks).
-    max_tokens_per_step : token budget of one engine step (prefill chunk size).
+    max_tokens_per_step : token budget of one engine step (the scheduler's chunked prefill); None (default)
+        = what this model computes in half a second on this device, measured after loading
+        (:mod:`.engine_sizing`).
     tokenizer : path of a tokenizer to use instead of the one found with the model.
     progress : show a progress bar over the bytes read while loading.
     parallel : tensor / expert parallelism: this process is one rank (see :mod:`mistral_kernels.parallel`;
@@ -67,8 +71,8 @@ class LLM:
     """
 
     def __init__(self, path: str | Path | Checkpoint | None = None, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None, max_batch: int = 8, block_size: int = 16,
-                 num_blocks: int | None = None, max_tokens_per_step: int = 512,
+                 dtype: torch.dtype | None = None, max_batch: int | None = None, block_size: int = 16,
+                 num_blocks: int | None = None, max_tokens_per_step: int | None = None,
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None, prefix_caching: bool = True,
                  enforce_eager: bool = False, quantized: bool = True, quantize: str | None = None,
@@ -87,7 +91,9 @@ class LLM:
                 config = ckpt.config
                 if num_blocks is not None:  # an impossible pool fails before the weights load
                     check_kv_pool(config, dtype, device, num_blocks, block_size)
-                blocks = num_blocks or default_num_blocks(config, block_size, max_batch, max_tokens_per_step)
+                # the least pool the defaults could choose (they fit what is available by construction)
+                blocks = num_blocks or default_num_blocks(config, block_size, max_batch or 1,
+                                                          max_tokens_per_step or MIN_STEP_TOKENS)
                 weights = ckpt.footprint(dtype, quantized=quantized, quantize=quantize).bytes
                 warning = memory_warning(config, dtype, device, blocks * block_size, weight_bytes=weights)
                 if warning is not None:
@@ -99,6 +105,8 @@ class LLM:
             if ckpt is not path:
                 ckpt.close()
         self.load_seconds = time.perf_counter() - t0
+        self.sizes = engine_sizes(self.model, self.model.dtype, block_size, max_batch, max_tokens_per_step)
+        max_batch, max_tokens_per_step = self.sizes.max_batch, self.sizes.max_tokens_per_step
         if num_blocks is None:
             num_blocks = default_num_blocks(self.model.config, block_size, max_batch, max_tokens_per_step)
         elif parallel is not None:  # a rank holds its share of the heads: check with its own config

@@ -3,16 +3,29 @@ cap and the free KV blocks — and which are preempted.
 
 Pure host bookkeeping over Python ints (no tensors): it owns the waiting and running queues and the
 :class:`~mistral_kernels.cache.BlockManager`; the model runner turns its :class:`SchedulerOutput` into
-tensors. One :meth:`Scheduler.schedule`:
+tensors. One :meth:`Scheduler.schedule` fills the step's token budget B (``max_tokens_per_step``) in three
+passes — chunked prefill, decode first:
 
-1. running requests first, in arrival order: a decoding request brings its 1 new token; one still in
-   (chunked) prefill brings up to the remaining budget of its prompt;
-2. then waiting requests are admitted (arrival order) while budget, batch slots and KV blocks last.
+1. **decodes**: every running request that decodes (one new token) brings it, oldest first. They come
+   first so a long prompt being prefilled never holds up the running streams' next tokens (B ≥
+   ``max_batch``, so every decode fits);
+2. **running prefills** (a prompt, or a recomputation, in chunks), oldest first;
+3. **admissions**: waiting requests join (arrival order) while budget, batch slots and KV blocks last.
 
-When a running request cannot get the block it needs, the most recently arrived running request is
-*preempted*: its blocks are released and it goes back to the waiting queue with its tokens so far (prompt +
-generated), to be recomputed by a later prefill; its sampler state (own generator) is untouched, so its
-output is the same as without pressure. Waiting requests simply wait for blocks.
+A prefill chunk (passes 2 and 3) is as long as the request's remaining tokens and the budget left allow, but
+*while another request behind it wants prefill tokens* — a later running prefill, or a waiting request
+with a free batch slot — it takes at most the **prefill share** S = ⌈(B − D) / 2⌉, half of what the D
+decodes leave. So one long prompt cannot fill every step of its prefill: a request arriving meanwhile is
+admitted in the next step with at least B − D − S tokens of that step, and a short prompt gets its first
+token one step later (head-of-line bound: the step in progress + one step), while the long prompt still
+advances by S tokens a step (it is never starved either). With nobody behind it, a chunk takes all that
+is left. The cap is the role of vLLM's ``long_prefill_token_threshold``, made relative to the step's
+budget so that it needs no tuning of its own.
+
+When a running request cannot get the block it needs, the most recently arrived running request not yet
+chosen in this step is *preempted*: its blocks are released and it goes back to the waiting queue with its
+tokens so far (prompt + generated), to be recomputed by a later prefill; its sampler state (own generator)
+is untouched, so its output is the same as without pressure. Waiting requests simply wait for blocks.
 
 Prefix caching (:mod:`.cache`): on admission — first or after a preemption — a request starts from the
 longest cached prefix of its tokens (:meth:`BlockManager.match_prefix`) and computes only the rest (at least
@@ -21,11 +34,17 @@ After each step :meth:`Scheduler.commit` gives the newly computed full blocks th
 waiting request whose next block is being computed in this step by an already chosen chunk (same address)
 waits for the next step instead of computing it too: a batch sharing a system prompt computes it once.
 
-Worked example (block_size 4, 3 free blocks, budget 8). Running: A (arrived first; 4 tokens cached in
-1 full block, decoding its 5th) and B (8 cached in 2 full blocks, decoding its 9th); waiting: C (prompt of
-6 tokens). A's 5th token needs a 2nd block (2 free left), B's 9th a 3rd block (1 free left). C wants
-min(6, budget 8-2) = 6 tokens = 2 blocks; only a 3-token chunk fits, and a sliver is not admitted while
-others run, so C waits. Chunks: A 1 token after 4 cached, B 1 token after 8 cached.
+Worked example 1 — blocks (block_size 4, 3 free blocks, budget 8). Running: A (arrived first; 4 tokens
+cached in 1 full block, decoding its 5th) and B (8 cached in 2 full blocks, decoding its 9th); waiting: C
+(prompt of 6 tokens). A's 5th token needs a 2nd block (2 free left), B's 9th a 3rd block (1 free left). C
+wants min(6, budget 8-2) = 6 tokens = 2 blocks; only a 3-token chunk fits, and a sliver is not admitted
+while others run, so C waits. Chunks: A 1 token after 4 cached, B 1 token after 8 cached.
+
+Worked example 2 — head of line (budget 64, blocks plenty). Running: A decoding, L with 100 of its
+300-token prompt computed; N (a 20-token prompt) arrives. Pass 1: A 1 token, 63 left. Pass 2: N waits
+behind L with a free slot, so L takes S = ⌈63 / 2⌉ = 32 tokens, 31 left. Pass 3: N is admitted with all
+its 20 tokens and samples its first token in this step. Next step nobody is behind L: A 1, N 1, L 62.
+Without the share L would have taken all 63 tokens of every step for 4 more steps and N would wait.
 """
 
 from __future__ import annotations
@@ -182,34 +201,39 @@ class Scheduler:
         """Pick this step's chunks (allocating their KV blocks), preempting when blocks run out."""
         budget = self.max_tokens_per_step
         chosen: list[tuple[Request, int]] = []
-        preempted = 0
-        # 1. running requests, oldest first; preempt the newest when blocks run out.
-        i = 0
-        while i < len(self._running) and budget > 0 and len(chosen) < self.max_batch:
-            r = self._running[i]
-            want = min(r.num_tokens - r.num_computed, budget)
-            got = self._try_allocate(r, want)
-            while got == 0:
-                victim = self._running[-1]
-                if victim is r:
-                    break
-                self._preempt(victim)
-                preempted += 1
-                got = self._try_allocate(r, want)
-            if got == 0:  # r itself is the newest: it yields its blocks and waits
-                self._preempt(r)
-                preempted += 1
+        taken: set[int] = set()  # rids chosen in this step (never preempted by a later pass)
+        gone: set[int] = set()  # rids preempted in this step
+        # 1. decodes, oldest first (every one fits: budget ≥ max_batch ≥ running).
+        for r in list(self._running):
+            if r.rid not in gone and r.num_tokens - r.num_computed == 1 and budget > 0:
+                got = self._allocate_running(r, 1, taken, gone)
+                if got:
+                    chosen.append((r, got))
+                    taken.add(r.rid)
+                    budget -= got
+        # 2. running prefills, oldest first; capped at the prefill share while others want tokens behind.
+        share = budget - budget // 2
+        prefills = [r for r in self._running if r.rid not in taken]
+        for i, r in enumerate(prefills):
+            if budget <= 0 or len(chosen) >= self.max_batch:
+                break
+            if r.rid in gone:  # preempted by an older prefill of this pass
                 continue
-            chosen.append((r, got))
-            budget -= got
-            i += 1
-        # 2. admit waiting requests, oldest first, while blocks last (no preemption for newcomers).
+            behind = any(x.rid not in gone for x in prefills[i + 1:]) or self._admissible()
+            want = min(r.num_tokens - r.num_computed, budget, share if behind else budget)
+            got = self._allocate_running(r, want, taken, gone)
+            if got:
+                chosen.append((r, got))
+                taken.add(r.rid)
+                budget -= got
+        # 3. admit waiting requests, oldest first, while blocks last (no preemption for newcomers).
         queried = hit = 0
         pending = self._pending_addresses(chosen) if self._waiting else set()
-        while self._waiting and budget > 0 and len(chosen) < self.max_batch:
+        while self._waiting and budget > 0 and len(self._running) < self.max_batch:
             r = self._waiting[0]
             r.num_computed = self.blocks.match_prefix(r.rid, r.all_ids)
-            want = min(r.num_tokens - r.num_computed, budget)
+            behind = len(self._waiting) > 1 and len(self._running) + 1 < self.max_batch
+            want = min(r.num_tokens - r.num_computed, budget, share if behind else budget)
             got = 0 if self._next_block_pending(r, pending) else self._try_allocate(r, want)
             if got == 0 or (got < want and chosen):
                 # nothing fits, only a sliver while others run (wait for a full chunk), or the next block is
@@ -225,10 +249,29 @@ class Scheduler:
             if r.timings.first_scheduled is None:
                 r.timings.first_scheduled = time.perf_counter()
             chosen.append((r, got))
+            taken.add(r.rid)
             budget -= got
             pending.update(self._pending_addresses([(r, got)]))
-        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted,
+        return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, len(gone),
                                queried, hit)
+
+    def _admissible(self) -> bool:
+        """A waiting request could join this step (a free batch slot), so it wants prefill tokens."""
+        return bool(self._waiting) and len(self._running) < self.max_batch
+
+    def _allocate_running(self, r: Request, want: int, taken: set[int], gone: set[int]) -> int:
+        """Blocks for ``want`` tokens of running ``r``, preempting the newest running requests not chosen in
+        this step (their rids join ``gone``) while none is free; ``r`` itself yields (is preempted) when it is
+        that newest one. Returns the tokens granted (0 when ``r`` was preempted)."""
+        got = self._try_allocate(r, want)
+        while got == 0:
+            victim = next(x for x in reversed(self._running) if x.rid not in taken)  # r is a candidate
+            self._preempt(victim)
+            gone.add(victim.rid)
+            if victim is r:
+                return 0
+            got = self._try_allocate(r, want)
+        return got
 
     def commit(self, output: SchedulerOutput) -> None:
         """After the step's forward: the chunks' k/v are in the cache (full blocks become cached)."""

@@ -77,8 +77,8 @@ def serve_main(args: argparse.Namespace, parallel: ParallelContext | None = None
                             timeout_graceful_shutdown=args.shutdown_timeout + _FLUSH_SECONDS)
     engine = app.state.server.engine
     server = _Server(config, lambda: engine.begin_shutdown(cut_after=args.shutdown_timeout))
-    print(f"mistral-kernels serve: '{name}' on http://{args.host}:{args.port} (load {llm.load_seconds:.1f} s)",
-          file=sys.stderr, flush=True)
+    print(f"mistral-kernels serve: '{name}' on http://{args.host}:{args.port} (load {llm.load_seconds:.1f} s; "
+          f"{llm.sizes.describe()})", file=sys.stderr, flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_zero)
     try:
