@@ -6,7 +6,6 @@ naming it, an unknown field is a 400 naming it, the accepted-and-ignored ones ch
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ import httpx  # noqa: E402
 from mistral_kernels import LLM  # noqa: E402
 
 from .helpers.default_model_files import default_model_or_skip  # noqa: E402
-from .helpers.live_server import serve_in_thread  # noqa: E402
+from .helpers.live_server import Live, serve_in_thread  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +26,7 @@ PROMPT = "The capital of France is"
 CHAT = [{"role": "system", "content": "You are concise."}, {"role": "user", "content": "Name a fruit."}]
 
 
-@dataclass
-class Live:
-    url: str
-    llm: LLM
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
-
+class FieldsLive(Live):
     def complete(self, **kw: Any) -> Any:
         return self.client().completions.create(model=NAME, prompt=kw.pop("prompt", PROMPT),
                                                 max_tokens=kw.pop("max_tokens", 6), temperature=0, **kw)
@@ -44,13 +36,13 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live() -> Iterator[Live]:
+def live() -> Iterator[FieldsLive]:
     llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=64)
     with serve_in_thread(llm, NAME) as url:
-        yield Live(url, llm)
+        yield FieldsLive(url, llm, NAME)
 
 
-def _error(live: Live, path: str, body: dict[str, Any]) -> dict[str, Any]:
+def _error(live: FieldsLive, path: str, body: dict[str, Any]) -> dict[str, Any]:
     r = httpx.post(live.url + path, json=body, timeout=60)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
@@ -59,7 +51,7 @@ def _error(live: Live, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ honoured
-def test_logit_bias_forces_and_bans_tokens(live: Live) -> None:
+def test_logit_bias_forces_and_bans_tokens(live: FieldsLive) -> None:
     forced = live.ids(" banana")[0]
     r = live.complete(max_tokens=4, logit_bias={str(forced): 100})
     assert r.choices[0].text == live.llm.tokenizer.decode([forced] * 4)
@@ -73,7 +65,7 @@ def test_logit_bias_forces_and_bans_tokens(live: Live) -> None:
     assert r.choices[0].text == live.llm.tokenizer.decode([forced] * 3)
 
 
-def test_min_tokens_masks_eos_until_reached(live: Live) -> None:
+def test_min_tokens_masks_eos_until_reached(live: FieldsLive) -> None:
     eos = sorted(live.llm.engine.eos_ids)[0]
     early = live.complete(max_tokens=10, logit_bias={str(eos): 100})   # EOS forced: one token, "stop"
     assert early.usage.completion_tokens == 1 and early.choices[0].finish_reason == "stop"
@@ -85,7 +77,7 @@ def test_min_tokens_masks_eos_until_reached(live: Live) -> None:
     assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "stop"
 
 
-def test_stop_token_ids_and_include_stop_str_in_output(live: Live) -> None:
+def test_stop_token_ids_and_include_stop_str_in_output(live: FieldsLive) -> None:
     tok = live.ids(" banana")[0]
     body = {"logit_bias": {str(tok): 100}, "max_tokens": 5}
     r = live.complete(**body, extra_body={"stop_token_ids": [tok]})
@@ -104,7 +96,7 @@ def test_stop_token_ids_and_include_stop_str_in_output(live: Live) -> None:
     assert "".join(c.choices[0].text for c in streamed if c.choices) == full[:cut + len(stop)]
 
 
-def test_skip_special_tokens(live: Live) -> None:
+def test_skip_special_tokens(live: FieldsLive) -> None:
     special = live.llm.tokenizer.encode("<|im_start|>", add_special_tokens=False)
     assert len(special) == 1
     body = {"max_tokens": 2, "logit_bias": {str(special[0]): 100}}
@@ -112,7 +104,7 @@ def test_skip_special_tokens(live: Live) -> None:
     assert live.complete(**body, extra_body={"skip_special_tokens": False}).choices[0].text == "<|im_start|>" * 2
 
 
-def test_echo(live: Live) -> None:
+def test_echo(live: FieldsLive) -> None:
     plain = live.complete().choices[0].text
     assert live.complete(echo=True).choices[0].text == PROMPT + plain
     ids = live.llm.tokenizer.encode(PROMPT)
@@ -125,7 +117,7 @@ def test_echo(live: Live) -> None:
     assert err["param"] == "echo"
 
 
-def test_developer_role_is_system(live: Live) -> None:
+def test_developer_role_is_system(live: FieldsLive) -> None:
     c = live.client()
     as_system = c.chat.completions.create(model=NAME, messages=CHAT, max_tokens=8, temperature=0)
     dev = [{"role": "developer", "content": CHAT[0]["content"]}, CHAT[1]]
@@ -133,7 +125,7 @@ def test_developer_role_is_system(live: Live) -> None:
     assert as_developer.choices[0].message.content == as_system.choices[0].message.content
 
 
-def test_model_by_id(live: Live) -> None:
+def test_model_by_id(live: FieldsLive) -> None:
     assert live.client().models.retrieve(NAME).id == NAME
     r = httpx.get(f"{live.url}/v1/models/other-model")
     assert r.status_code == 404
@@ -164,14 +156,14 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("path, extra, param", REFUSED, ids=[p for _, _, p in REFUSED])
-def test_refused_fields_are_named(live: Live, path: str, extra: dict[str, Any], param: str) -> None:
+def test_refused_fields_are_named(live: FieldsLive, path: str, extra: dict[str, Any], param: str) -> None:
     body = {"model": NAME, "max_tokens": 4, **extra}
     body.update({"messages": CHAT} if "chat" in path else {"prompt": PROMPT})
     err = _error(live, path, body)
     assert err["param"] == param and param.split(".")[0] in err["message"], err
 
 
-def test_refused_through_the_openai_client(live: Live) -> None:
+def test_refused_through_the_openai_client(live: FieldsLive) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         live.client().completions.create(model=NAME, prompt=PROMPT, best_of=3, n=1)
     assert e.value.body["param"] == "best_of"
@@ -180,7 +172,7 @@ def test_refused_through_the_openai_client(live: Live) -> None:
     assert e.value.body["param"] == "guided_json"
 
 
-def test_accepted_and_ignored_fields_change_nothing(live: Live) -> None:
+def test_accepted_and_ignored_fields_change_nothing(live: FieldsLive) -> None:
     c = live.client()
     plain = c.chat.completions.create(model=NAME, messages=CHAT, max_tokens=6, temperature=0)
     ignored = c.chat.completions.create(model=NAME, messages=CHAT, max_tokens=6, temperature=0, user="u1", store=False,
@@ -190,7 +182,7 @@ def test_accepted_and_ignored_fields_change_nothing(live: Live) -> None:
     assert live.complete(user="u1", best_of=1).choices[0].text == live.complete().choices[0].text  # best_of = n
 
 
-def test_tool_history_messages_are_accepted(live: Live) -> None:
+def test_tool_history_messages_are_accepted(live: FieldsLive) -> None:
     """A role tool message and an assistant message with tool_calls and null content (what an agent sends back)."""
     messages = [{"role": "user", "content": "Weather in Paris?"},
                 {"role": "assistant", "content": None, "tool_calls": [

@@ -18,19 +18,17 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install '.[serve]')")
 openai = pytest.importorskip("openai", reason="the test extra is not installed (pip install '.[test]')")
 import httpx  # noqa: E402
-import uvicorn  # noqa: E402
 
 from mistral_kernels import LLM  # noqa: E402
-from mistral_kernels.serve.app import build_app  # noqa: E402
 
 from .helpers.default_model_files import default_model_or_skip  # noqa: E402
+from .helpers.live_server import Live, serve_in_thread  # noqa: E402
 from .helpers.net_helpers import free_port, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -40,34 +38,16 @@ MAX_BODY = 8 << 20  # the server's request body cap in this module (the default 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@dataclass
-class Live:
-    url: str
-    llm: LLM
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
-
-    def greedy_text(self, max_tokens: int = 6) -> str:
-        r = self.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=max_tokens)
-        return r.choices[0].message.content or ""
+def greedy_text(live: Live, max_tokens: int = 6) -> str:
+    r = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=max_tokens)
+    return r.choices[0].message.content or ""
 
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
     llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=64)
-    port = free_port()
-    app = build_app(llm, NAME, max_waiting=64, max_request_bytes=MAX_BODY)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield Live(f"http://127.0.0.1:{port}", llm)
-    server.should_exit = True
-    thread.join(30)
+    with serve_in_thread(llm, NAME, max_waiting=64, max_request_bytes=MAX_BODY) as url:
+        yield Live(url, llm, NAME)
 
 
 def _error(r: httpx.Response, status: int, param: str | None) -> dict[str, object]:
@@ -84,7 +64,7 @@ def _error(r: httpx.Response, status: int, param: str | None) -> dict[str, objec
 @pytest.mark.parametrize("tiny", [1e-38, 1e-6])
 def test_tiny_temperature_is_greedy(live: Live, tiny: float) -> None:
     r = live.client().chat.completions.create(model=NAME, messages=CHAT, temperature=tiny, max_tokens=6)
-    assert r.choices[0].message.content == live.greedy_text()
+    assert r.choices[0].message.content == greedy_text(live)
 
 
 @pytest.mark.parametrize("raw", ["100", "2.5", "Infinity", "1e309", "-Infinity", "NaN"])

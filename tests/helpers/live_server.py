@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from .net_helpers import free_port
@@ -24,7 +25,7 @@ def serve_in_thread(llm: Any, name: str, **app_kw: Any) -> Iterator[str]:
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 30
+    deadline = time.time() + 60
     while not server.started:
         assert time.time() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.05)
@@ -33,3 +34,18 @@ def serve_in_thread(llm: Any, name: str, **app_kw: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@dataclass
+class Live:
+    """A live server's base URL, the LLM behind it and the model name it serves."""
+
+    url: str
+    llm: Any
+    name: str
+
+    def client(self) -> Any:
+        """An ``openai`` client of this server (no retries: a test sees the first answer)."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
