@@ -5,8 +5,9 @@ Pure host bookkeeping over Python ints (no tensors): it owns the waiting and run
 :class:`~mistral_kernels.cache.BlockManager`; the model runner turns its :class:`SchedulerOutput` into
 tensors. One :meth:`Scheduler.schedule`:
 
-1. running requests first, in arrival order: a decoding request brings its 1 new token; one still in
-   (chunked) prefill brings up to the remaining budget of its prompt;
+1. running requests first, in arrival order: a decoding request brings its 1 new token (and its proposed
+   tokens to verify, when speculating: ``Request.num_draft``, cut by the budget and the free blocks); one
+   still in (chunked) prefill brings up to the remaining budget of its prompt;
 2. then waiting requests are admitted (arrival order) while budget, batch slots and KV blocks last.
 
 When a running request cannot get the block it needs, the most recently arrived running request is
@@ -31,7 +32,7 @@ others run, so C waits. Chunks: A 1 token after 4 cached, B 1 token after 8 cach
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cache import BlockManager, OutOfBlocksError
 from .request import Request
@@ -64,7 +65,9 @@ class ScheduledChunk:
     token_ids : the chunk's tokens (positions num_cached … num_cached+num_new-1 of prompt + output)
     block_table : the request's KV blocks after allocation (logical block → physical id)
     samples : the chunk reaches the end of the request's known tokens: its last row is sampled
-    is_decode : one new token right after generated ones (a decode, not a prefill, for the stats)
+    is_decode : one new token right after generated ones (a decode, not a prefill, for the stats), possibly
+        followed by proposed tokens
+    draft : the proposed tokens verified in this chunk (the last ``len(draft)`` of ``token_ids``)
     """
 
     request: Request
@@ -74,6 +77,7 @@ class ScheduledChunk:
     block_table: list[int]
     samples: bool
     is_decode: bool
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,10 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self._running)
+
+    def running(self) -> list[Request]:
+        """The running requests, in arrival order (a copy)."""
+        return list(self._running)
 
     def request_ids(self) -> list[int]:
         """Ids of the unfinished requests: waiting, then running."""
@@ -187,7 +195,7 @@ class Scheduler:
         i = 0
         while i < len(self._running) and budget > 0 and len(chosen) < self.max_batch:
             r = self._running[i]
-            want = min(r.num_tokens - r.num_computed, budget)
+            want = min(r.num_tokens - r.num_computed + r.num_draft, budget)
             got = self._try_allocate(r, want)
             while got == 0:
                 victim = self._running[-1]
@@ -230,25 +238,29 @@ class Scheduler:
         return SchedulerOutput([self._chunk(r, n) for r, n in chosen], self.blocks.block_size, preempted,
                                queried, hit)
 
-    def commit(self, output: SchedulerOutput) -> None:
-        """After the step's forward: the chunks' k/v are in the cache (full blocks become cached)."""
-        for c in output.chunks:
+    def commit(self, output: SchedulerOutput, kept: list[int] | None = None) -> None:
+        """After the step's forward: the chunks' k/v are in the cache (full blocks become cached). ``kept``:
+        per chunk, how many of its new tokens' k/v stay (a verify chunk keeps its last token and the accepted
+        proposals; the rejected ones' slots are overwritten later); None = all."""
+        for i, c in enumerate(output.chunks):
             r = c.request
-            r.num_computed += c.num_new
+            r.num_computed += c.num_new if kept is None else kept[i]
             self.blocks.cache_computed(r.rid, r.num_computed, r.token_ids)
 
     def _chunk(self, r: Request, n: int) -> ScheduledChunk:
         c = r.num_computed
+        draft = r.draft_ids[:max(0, c + n - r.num_tokens)]
         return ScheduledChunk(
-            request=r, num_cached=c, num_new=n, token_ids=r.token_ids(c, c + n),
-            block_table=list(self.blocks.block_table(r.rid)), samples=c + n == r.num_tokens,
-            is_decode=n == 1 and c == r.num_tokens - 1 and bool(r.output_ids))
+            request=r, num_cached=c, num_new=n, token_ids=r.token_ids(c, c + n - len(draft)) + draft,
+            block_table=list(self.blocks.block_table(r.rid)), samples=c + n >= r.num_tokens,
+            is_decode=r.decoding, draft=draft)
 
     def _pending_addresses(self, chosen: list[tuple[Request, int]]) -> set[bytes]:
         """Addresses of the blocks the chosen chunks complete in this step (empty without prefix caching)."""
         if not self.blocks.prefix_caching:
             return set()
-        return {h for r, n in chosen for h in self.blocks.completing_addresses(r.rid, r.num_computed + n, r.token_ids)}
+        return {h for r, n in chosen
+                for h in self.blocks.completing_addresses(r.rid, min(r.num_computed + n, r.num_tokens), r.token_ids)}
 
     def _next_block_pending(self, r: Request, pending: set[bytes]) -> bool:
         """Whether the first block ``r`` would compute (after its matched prefix) is completed by a chosen chunk
