@@ -21,9 +21,11 @@ first t_j that differs (or t_K): the accepted tokens + one more, distributed exa
 (the standard speculative-sampling argument, Leviathan et al. 2023 / Chen et al. 2023), greedy outputs
 token-identical. One device → host read: the R target tokens.
 
-Random draws: each row takes one uniform and one exponential race (V exponentials) from its request's own
-generator, in row order, whether or not it needs them, so a seeded request is reproducible whatever the
-batch (its tokens differ from those of the same seed without speculation; its distribution does not).
+Random draws: each verify row takes one uniform and one exponential race (V exponentials) from its request's
+own generator, in row order, whether or not it needs them; a bonus row, like a row without proposals, only the
+race, as :func:`~mistral_kernels.sampling.sample` does. So a seeded request is reproducible whatever the batch
+and whether other requests of its steps speculate (its tokens differ from those of the same seed without
+speculation; their distribution does not).
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def target_tokens(logits: torch.Tensor, rows: Sequence[VerifyRow],
     noise = torch.empty_like(p)
     for j, i in enumerate(rand):
         gen = rows[i].generator or default_generator
-        u[j:j + 1].uniform_(0.0, 1.0, generator=gen)
+        if rows[i].proposed is not None:
+            u[j:j + 1].uniform_(0.0, 1.0, generator=gen)
         noise[j].exponential_(1.0, generator=gen)
     noise.clamp_(min=1e-30)
     verify = [j for j, i in enumerate(rand) if rows[i].proposed is not None]
