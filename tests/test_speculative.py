@@ -173,3 +173,26 @@ def test_backoff_bounds_the_cost_of_rejected_proposals() -> None:
     got, _, backed = run_engine(make(16), jobs)
     assert got[0].token_ids == want[0].token_ids
     assert backed.stats.spec_verify_steps * 8 < always.stats.spec_verify_steps
+
+
+# ------------------------------------------------------------------------------------------ surfaces
+def test_stats_line_and_metrics_report_proposed_and_accepted() -> None:
+    from mistral_kernels.cli import build_parser, speculative_stats
+    from mistral_kernels.engine_args import EngineArgs
+
+    args = EngineArgs.from_cli_args(build_parser().parse_args(
+        ["generate", "--prompt", "x", "--speculative", "ngram", "--num-speculative-tokens", "3", "--ngram-max", "3"]))
+    assert args.speculative_config() == SpeculativeConfig(num_tokens=3, ngram_max=3)
+    _, _, engine = run_engine(_engine(SpeculativeConfig(num_tokens=3, max_batch=8)), _jobs(4, 1, ignore_eos=True))
+    s = engine.stats
+    assert 0 < s.spec_accepted_tokens < s.spec_proposed_tokens
+    line = speculative_stats(engine)
+    assert line == (f" | spec ngram accepted {s.spec_accepted_tokens / s.spec_proposed_tokens:.1%} "
+                    f"({s.spec_accepted_tokens}/{s.spec_proposed_tokens} tok)")
+    assert speculative_stats(_engine(None)()) == ""
+    pytest.importorskip("prometheus_client")
+    from mistral_kernels.serve.metrics import ServerMetrics
+
+    text = ServerMetrics(engine).render().decode()
+    assert f"mistral_kernels_spec_proposed_tokens_total {float(s.spec_proposed_tokens)}\n" in text
+    assert f"mistral_kernels_spec_accepted_tokens_total {float(s.spec_accepted_tokens)}\n" in text

@@ -13,6 +13,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.speculative import SpeculativeConfig
+from mistral_kernels.speculative.draft import DraftProposer, check_same_vocabulary
 
 from .helpers.model_helpers import random_model
 from .helpers.speculative import PoolChecker, run_engine
@@ -43,11 +44,13 @@ def _jobs(n: int, vocab: int, max_new: int = 40) -> list:
 
 
 def _compare(model, jobs, *, max_batch: int, num_blocks: int = 300, budget: int = 64, k: int = 4,
-             enforce_eager: bool | None = None, paths: dict | None = None) -> Engine:
+             enforce_eager: bool | None = None, paths: dict | None = None, draft=None) -> Engine:
     def make(spec):
         def engine() -> Engine:
+            proposer = None if spec is None or draft is None else DraftProposer(draft, num_blocks, 4)
             e = Engine(model, None, num_blocks=num_blocks, block_size=4, max_batch=max_batch,
-                       max_tokens_per_step=budget, eos_ids=[], enforce_eager=enforce_eager, speculative=spec)
+                       max_tokens_per_step=budget, eos_ids=[], enforce_eager=enforce_eager, speculative=spec,
+                       proposer=proposer)
             if paths is not None and spec is not None:  # count the verify steps of the chunked-prefill path
                 mixed = e.runner._forward_mixed
 
@@ -60,7 +63,9 @@ def _compare(model, jobs, *, max_batch: int, num_blocks: int = 300, budget: int 
         return engine
 
     want, _, _ = run_engine(make(None), jobs)
-    got, streamed, engine = run_engine(make(SpeculativeConfig(num_tokens=k, max_batch=8)), jobs, check=PoolChecker())
+    spec = SpeculativeConfig(num_tokens=k, max_batch=8, method="draft" if draft is not None else "ngram",
+                             draft_model="given" if draft is not None else None)
+    got, streamed, engine = run_engine(make(spec), jobs, check=PoolChecker())
     for w, g in zip(want, got):
         assert (g.token_ids, g.finish_reason, g.stop_reason) == (w.token_ids, w.finish_reason, w.stop_reason)
     assert streamed == [c.token_ids for c in got]
@@ -101,3 +106,33 @@ def test_greedy_identical_with_the_emulated_cuda_kernels() -> None:
     engine = _compare(model, _jobs(3, EMU.vocab_size, max_new=14), max_batch=2, num_blocks=40, k=3,
                       enforce_eager=False)
     assert engine.runner.decode_graphs is not None  # verify rows through the padded decode runner
+
+
+@pytest.mark.parametrize("which", ["same", "other", "windowed"])
+def test_greedy_identical_with_a_draft_model(which: str) -> None:
+    """The draft proposes with its own paged cache kept in step with the accepted tokens: the target itself
+    (everything accepted), another random model (mostly rejected), another with a short window."""
+    model = _model(WINDOW)
+    draft = {"same": lambda: model, "other": lambda: random_model(WINDOW.replace(n_layers=1), seed=9),
+             "windowed": lambda: random_model(WINDOW.replace(n_layers=1, sliding_window=5), seed=9)}[which]()
+    engine = _compare(model, _jobs(7, WINDOW.vocab_size), max_batch=4, num_blocks=60, budget=24, draft=draft)
+    s = engine.stats
+    if which == "same":
+        assert s.spec_accepted_tokens == s.spec_proposed_tokens > 50
+    else:
+        assert s.spec_accepted_tokens < s.spec_proposed_tokens
+
+
+def test_draft_vocabulary_is_checked() -> None:
+    from .helpers.engine import CharTokenizer
+
+    with pytest.raises(ValueError, match="its vocabulary has 30 tokens, the target's 24"):
+        check_same_vocabulary(24, 30)
+
+    class Shifted(CharTokenizer):
+        def token_bytes(self, token_id: int) -> bytes:
+            return super().token_bytes((token_id + 1) % self.vocab_size)
+
+    with pytest.raises(ValueError, match="token 0 is"):
+        check_same_vocabulary(50, 50, CharTokenizer(), Shifted())
+    check_same_vocabulary(50, 50, CharTokenizer(), CharTokenizer())

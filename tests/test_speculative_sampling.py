@@ -15,6 +15,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.speculative import Proposal, SpeculativeConfig
+from mistral_kernels.speculative.draft import DraftProposer
 
 from .helpers.model_helpers import random_model
 
@@ -89,12 +90,17 @@ def _chi_square_p(a: Counter, b: Counter) -> tuple[float, float]:
     return p, tv
 
 
-@pytest.mark.parametrize("method,setting", [("ngram", "temperature"), ("skewed_draft", "all_filters")])
+@pytest.mark.parametrize("method,setting", [("ngram", "temperature"), ("skewed_draft", "all_filters"),
+                                            ("draft_model", "temperature")])
 def test_first_tokens_distribution_equals_plain_sampling(model, setting: str, method: str) -> None:
+    """n-gram point masses; a q that disagrees on purpose; a draft model (another random model, its softmax)."""
     params = SETTINGS[setting]
     plain = _plain(model, setting)
     spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, backoff=0)
-    got, engine = _samples(model, spec, SkewedDraft() if method == "skewed_draft" else None, params)
+    proposer = {"ngram": lambda: None, "skewed_draft": SkewedDraft,
+                "draft_model": lambda: DraftProposer(random_model(CONFIG.replace(n_layers=1), seed=8,
+                                                                  fused_cpu_decode=False), 600, 4, seed=1)}[method]()
+    got, engine = _samples(model, spec, proposer, params)
     s = engine.stats
     assert s.spec_accepted_tokens > 0.05 * s.spec_proposed_tokens > 0   # both branches taken many times
     assert s.spec_accepted_tokens < 0.95 * s.spec_proposed_tokens

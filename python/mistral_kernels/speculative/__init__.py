@@ -8,6 +8,7 @@ module             role
 ``ngram``          n-gram prompt lookup (:class:`NgramProposer`)
 ``verify``         target tokens of the verify rows (greedy / rejection sampling) and acceptance
 ``speculator``     the engine's side: drafts before a step, kept k/v and counts after it, backoff
+``draft``          the draft-model proposer (:class:`~.draft.DraftProposer`) and the vocabulary check
 =================  ===============================================================================
 
 Exactness: greedy outputs are token-identical to plain decoding; sampled outputs have the same
