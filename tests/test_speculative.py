@@ -108,7 +108,7 @@ def _compare(make_plain, make_spec, jobs, min_accepted: int = 1, some_rejected: 
 @pytest.mark.parametrize("window", [None, 6])
 def test_greedy_identical_under_continuous_batching(batch: int, window: int | None) -> None:
     jobs = _jobs(10, seed=batch, ignore_eos=True)
-    spec = SpeculativeConfig(num_tokens=4, max_batch=8)
+    spec = SpeculativeConfig(num_tokens=4, max_batch=8, max_rows=64)
     engine = _compare(_engine(None, window, max_batch=batch), _engine(spec, window, max_batch=batch), jobs,
                       min_accepted=20)
     assert engine.stats.decode_tokens > engine.stats.steps  # more than one token per step on average
@@ -124,14 +124,14 @@ def test_greedy_identical_with_stops_inside_accepted_runs() -> None:
                                 stop_token_ids=(rng.randrange(12),) if kind == 1 else (),
                                 stop=("".join(rng.choice("abcdefghijkl") for _ in range(2)),) if kind == 2 else ())
         jobs.append((prompt, params))
-    spec = SpeculativeConfig(num_tokens=6, max_batch=8)
+    spec = SpeculativeConfig(num_tokens=6, max_batch=8, max_rows=64)
     _compare(_engine(None), _engine(spec), jobs)
 
 
 @pytest.mark.parametrize("window,num_blocks", [(None, 20), (6, 10)])
 def test_greedy_identical_under_forced_preemption(window: int | None, num_blocks: int) -> None:
     jobs = _jobs(8, seed=11, max_new=50, ignore_eos=True)
-    spec = SpeculativeConfig(num_tokens=5, max_batch=8)
+    spec = SpeculativeConfig(num_tokens=5, max_batch=8, max_rows=64)
     engine = _compare(_engine(None, window, num_blocks=num_blocks, budget=16),
                       _engine(spec, window, num_blocks=num_blocks, budget=16), jobs)
     assert engine.stats.preemptions > 0
@@ -139,7 +139,7 @@ def test_greedy_identical_under_forced_preemption(window: int | None, num_blocks
 
 def test_prefix_caching_off_and_budget_smaller_than_the_proposals() -> None:
     jobs = _jobs(6, seed=5, ignore_eos=True)
-    spec = SpeculativeConfig(num_tokens=8, max_batch=8)
+    spec = SpeculativeConfig(num_tokens=8, max_batch=8, max_rows=64)
     _compare(_engine(None, prefix_caching=False, budget=8), _engine(spec, prefix_caching=False, budget=8), jobs)
 
 
@@ -147,7 +147,7 @@ def test_no_speculation_above_the_batch_threshold() -> None:
     plans = []
 
     def make():
-        engine = _engine(SpeculativeConfig(num_tokens=4, max_batch=2), max_batch=8)()
+        engine = _engine(SpeculativeConfig(num_tokens=4, max_batch=2, max_rows=64), max_batch=8)()
         schedule = engine.scheduler.schedule
         engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
         return engine
@@ -173,6 +173,25 @@ def test_backoff_bounds_the_cost_of_rejected_proposals() -> None:
     got, _, backed = run_engine(make(16), jobs)
     assert got[0].token_ids == want[0].token_ids
     assert backed.stats.spec_verify_steps * 8 < always.stats.spec_verify_steps
+    assert backed.stats.spec_proposed_tokens < 1.5 * backed.stats.spec_verify_steps  # down to one token at a time
+
+
+def test_proposal_length_follows_acceptance_and_the_row_cap() -> None:
+    lengths = []
+
+    class Recording(NgramProposer):
+        def propose(self, requests, k):
+            lengths.append(list(k))
+            return super().propose(requests, k)
+
+    jobs = _jobs(4, seed=8, ignore_eos=True)
+    make = lambda: Engine(LoopToy(), CharTokenizer(), num_blocks=200, block_size=4, max_batch=4,  # noqa: E731
+                          max_tokens_per_step=64, proposer=Recording(),
+                          speculative=SpeculativeConfig(num_tokens=6, max_batch=4, max_rows=12))
+    _compare(_engine(None), make, jobs)
+    assert all(sum(n + 1 for n in k) <= 12 for k in lengths)  # 4 decoding: k ≤ 12 // 4 - 1 = 2
+    assert any(len(k) <= 2 and max(k) > 2 for k in lengths)  # fewer decoding requests: longer proposals
+    assert any(1 <= min(k) < max(k) for k in lengths)  # each request's own length (acceptance)
 
 
 # ------------------------------------------------------------------------------------------ surfaces
@@ -183,7 +202,8 @@ def test_stats_line_and_metrics_report_proposed_and_accepted() -> None:
     args = EngineArgs.from_cli_args(build_parser().parse_args(
         ["generate", "--prompt", "x", "--speculative", "ngram", "--num-speculative-tokens", "3", "--ngram-max", "3"]))
     assert args.speculative_config() == SpeculativeConfig(num_tokens=3, ngram_max=3)
-    _, _, engine = run_engine(_engine(SpeculativeConfig(num_tokens=3, max_batch=8)), _jobs(4, 1, ignore_eos=True))
+    spec = SpeculativeConfig(num_tokens=3, max_batch=8, max_rows=64)
+    _, _, engine = run_engine(_engine(spec), _jobs(4, 1, ignore_eos=True))
     s = engine.stats
     assert 0 < s.spec_accepted_tokens < s.spec_proposed_tokens
     line = speculative_stats(engine)

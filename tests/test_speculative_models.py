@@ -63,7 +63,7 @@ def _compare(model, jobs, *, max_batch: int, num_blocks: int = 300, budget: int 
         return engine
 
     want, _, _ = run_engine(make(None), jobs)
-    spec = SpeculativeConfig(num_tokens=k, max_batch=8, method="draft" if draft is not None else "ngram",
+    spec = SpeculativeConfig(num_tokens=k, max_batch=8, max_rows=200, method="draft" if draft is not None else "ngram",
                              draft_model="given" if draft is not None else None)
     got, streamed, engine = run_engine(make(spec), jobs, check=PoolChecker())
     for w, g in zip(want, got):

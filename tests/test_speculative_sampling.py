@@ -96,7 +96,7 @@ def test_first_tokens_distribution_equals_plain_sampling(model, setting: str, me
     """n-gram point masses; a q that disagrees on purpose; a draft model (another random model, its softmax)."""
     params = SETTINGS[setting]
     plain = _plain(model, setting)
-    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, backoff=0)
+    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, max_rows=1000, backoff=0)
     proposer = {"ngram": lambda: None, "skewed_draft": SkewedDraft,
                 "draft_model": lambda: DraftProposer(random_model(CONFIG.replace(n_layers=1), seed=8,
                                                                   fused_cpu_decode=False), 600, 4, seed=1)}[method]()
@@ -117,7 +117,7 @@ def test_the_chi_square_check_sees_a_wrong_distribution(model) -> None:
 
 
 def test_seeded_requests_reproduce_whatever_the_batch(model) -> None:
-    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, backoff=0)
+    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, max_rows=1000, backoff=0)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True, seed=42, **SETTINGS["all_filters"])
 
     def run(extra: int) -> list[int]:

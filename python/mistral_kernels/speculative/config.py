@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_BATCH", "METHODS", "SpeculativeConfig"]
+__all__ = ["DEFAULT_MAX_BATCH", "DEFAULT_MAX_ROWS", "METHODS", "SpeculativeConfig"]
 
 METHODS = ("ngram", "draft")
-DEFAULT_MAX_BATCH = 4  # from the CPU cost model (benchmarks/results/cpu_speculative.md)
+DEFAULT_MAX_BATCH = 2  # from the CPU cost model (benchmarks/results/cpu_speculative.md)
+DEFAULT_MAX_ROWS = 16  # the CPU's fused decode step takes up to 16 rows (mistral_kernels.cpu_decode)
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,10 @@ class SpeculativeConfig:
     ngram_max, ngram_min : the n-gram lengths tried, longest first
     draft_model : path of the draft model (method "draft")
     max_batch : speculate only in steps with at most this many decoding sequences
+    max_rows : at most this many verify rows in a step (decoding sequences × (k+1)): k is cut to fit
     backoff : after a proposal is wholly rejected, the sequence skips proposing for 1, 2, 4 … up to this many
-        steps (reset by an accepted token): all-rejected proposals then cost almost nothing (0 = never skip)
+        steps (reset by an accepted token) and proposes one token at a time until one is accepted:
+        all-rejected proposals then cost little (0 = never skip, always k)
     """
 
     method: str = "ngram"
@@ -41,6 +44,7 @@ class SpeculativeConfig:
     ngram_min: int = 2
     draft_model: str | None = None
     max_batch: int = DEFAULT_MAX_BATCH
+    max_rows: int = DEFAULT_MAX_ROWS
     backoff: int = 16
 
     def __post_init__(self) -> None:
@@ -57,5 +61,7 @@ class SpeculativeConfig:
             raise ValueError(f"draft_model is given but the speculative method is {self.method!r}; use 'draft'")
         if self.max_batch < 1:
             raise ValueError(f"speculative max_batch must be ≥ 1, got {self.max_batch}")
+        if self.max_rows < 2:
+            raise ValueError(f"speculative max_rows must be ≥ 2 (one sequence, one proposal), got {self.max_rows}")
         if self.backoff < 0:
             raise ValueError(f"speculative backoff must be ≥ 0, got {self.backoff}")

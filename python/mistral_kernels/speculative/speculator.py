@@ -1,11 +1,17 @@
 """The engine's side of speculative decoding: before a step, ask the proposer for drafts of the decoding
 requests; after it, count what was accepted and how many of each verify chunk's k/v stay.
 
-Per step: no drafts when more requests decode than ``SpeculativeConfig.max_batch`` (decode is no longer
-memory-bound there: the cost model in benchmarks/results/cpu_speculative.md). A request proposes at most
-``num_tokens`` and never past its ``max_new_tokens`` (the last new token is always the target's own) or the
-model's context. Backoff: a request whose whole proposal was rejected skips proposing for 1 step, then 2, 4 …
-up to ``backoff`` steps after further wholly rejected proposals; an accepted token resets it.
+Per step: no drafts when more requests decode than ``SpeculativeConfig.max_batch`` (a verify row costs more
+than the tokens it brings there: the cost model in benchmarks/results/cpu_speculative.md). A request proposes
+at most ``num_tokens``, at most ``max_rows`` // (decoding requests) - 1, and never past its
+``max_new_tokens`` (the last new token is always the target's own) or the model's context.
+
+Adapting to acceptance (with ``backoff`` > 0): each request proposes k_r tokens, k_r starting at
+``num_tokens``; after a step that accepted a of its m proposals, k_r = a + 1 when some were rejected, one more
+(up to ``num_tokens``) when all were accepted. A wholly rejected proposal also makes the request skip proposing
+for 1 step, then 2, 4 … up to ``backoff`` steps after further wholly rejected ones; an accepted token resets
+it. So a request whose proposals are all wrong verifies one token now and then: its steps cost about a plain
+step's.
 
 KV bookkeeping of a verify chunk (its request's last token + K proposals, at positions c … c+K): after the
 step the request holds its last token, the accepted proposals d_1 … d_a and one more token t. Positions
@@ -32,6 +38,7 @@ __all__ = ["Speculator", "StepCounts"]
 
 @dataclass
 class _Backoff:
+    k: int  # tokens to propose next
     skip: int = 0  # steps left without proposing
     next: int = 1  # skip length after the next wholly rejected proposal
 
@@ -70,13 +77,14 @@ class Speculator:
         decoding = [r for r in running if r.decoding]
         if not decoding or len(decoding) > self.config.max_batch:
             return
+        most = self.config.max_rows // len(decoding) - 1
         asking, ks = [], []
         for r in decoding:
-            b = self._backoff.setdefault(r.rid, _Backoff())
+            b = self._state(r.rid)
             if b.skip:
                 b.skip -= 1
                 continue
-            k = min(self.config.num_tokens, r.params.max_new_tokens - len(r.output_ids) - 1,  # type: ignore[operator]
+            k = min(b.k, most, r.params.max_new_tokens - len(r.output_ids) - 1,  # type: ignore[operator]
                     self.max_position - r.num_tokens)
             if k > 0:
                 asking.append(r)
@@ -108,12 +116,21 @@ class Speculator:
             proposed += len(c.draft)
             accepted += a
             verified += 1
-            b = self._backoff.setdefault(c.request.rid, _Backoff())
-            if a == 0 and self.config.backoff:
+            b = self._state(c.request.rid)
+            if not self.config.backoff:
+                continue
+            b.k = min(self.config.num_tokens, b.k + 1) if a == len(c.draft) else a + 1
+            if a == 0:
                 b.skip, b.next = b.next, min(2 * b.next, self.config.backoff)
-            elif a > 0:
+            else:
                 b.skip, b.next = 0, 1
         return StepCounts(kept, proposed, accepted, verified)
+
+    def _state(self, rid: int) -> _Backoff:
+        b = self._backoff.get(rid)
+        if b is None:
+            b = self._backoff[rid] = _Backoff(self.config.num_tokens)
+        return b
 
     def forget(self, rid: int) -> None:
         """The request left the engine (finished or aborted)."""
