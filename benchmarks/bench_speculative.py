@@ -1,14 +1,15 @@
 """Speculative decoding on the CPU: decode tok/s and acceptance, speculative vs plain, and the verify-step
 cost model behind ``SpeculativeConfig.max_batch``.
 
-    python benchmarks/bench_speculative.py [--rounds 3] [--new-tokens 128] [--k 5] [--gguf7b PATH]
+    python benchmarks/bench_speculative.py [--rounds 3] [--new-tokens 128] [--ks 2,3,5] [--gguf7b PATH]
                                            [--out benchmarks/results/cpu_speculative.md]
 
 One process, one loaded model (the default SmolLM2-135M-Instruct Q4_1 GGUF, its checkpoint dtype), engines on
 it with and without speculation, rounds interleaved (plain, speculative, plain, ...), medians reported:
 
-(a) input-grounded: "repeat / lightly edit this text" (a ~250-token passage), greedy, n-gram proposals,
-    batch 1 and 4 (the same prompt at batch 4, each a different passage);
+(a) input-grounded: "copy this text word for word" (a ~100-token passage; the chat model mostly copies,
+    sometimes shortens), greedy, n-gram proposals of k = each of --ks at batch 1, the default k at batch 2
+    (a different passage each);
 (b) all proposals rejected: open generation with a proposer that always proposes a token the model never
     picks — the verify overhead with the default backoff, and without backoff (every step verifies);
 (c) cost model: one fused decode step of B sequences × (k+1) verify rows vs one of B rows (plain), B = 1 … 8,
@@ -141,7 +142,7 @@ def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--k", type=int, default=5, help="proposals per step (num_speculative_tokens)")
+    ap.add_argument("--ks", default="2,3,5", help="proposals per step (num_speculative_tokens) to compare in (a)")
     ap.add_argument("--gguf7b", type=Path, default=None, help="the 7B-shaped GGUF for the cost ratio (d)")
     ap.add_argument("--reps", type=int, default=7, help="timed forwards per cost-model cell")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here")
@@ -152,40 +153,44 @@ def main() -> None:
     model, tok = llm.model, llm.tokenizer
     blocks = 1024
 
-    def engine(spec: SpeculativeConfig | None, proposer=None, max_batch: int = 4) -> Engine:
+    def engine(spec: SpeculativeConfig | None, proposer=None, max_batch: int = 2) -> Engine:
         return Engine(model, tok, num_blocks=blocks, block_size=16, max_batch=max_batch, speculative=spec,
                       proposer=proposer)
 
     out = [f"# Speculative decoding on the CPU (`benchmarks/bench_speculative.py`)", "", command_line(__file__), ""]
     params = SamplingParams(max_new_tokens=args.new_tokens)
-    grounded = [llm.prompt_ids("Repeat the following text exactly, then stop.\n\n" + p, chat=True) for p in PASSAGES]
+    grounded = [llm.prompt_ids("Copy this text word for word:\n\n" + p, chat=True) for p in PASSAGES]
     rows = []
-    for batch in (1, 4):
+    ks = [int(k) for k in args.ks.split(",")]
+    default_k = SpeculativeConfig().num_tokens
+    for batch, kk in ((1, ks), (2, [default_k])):
         jobs = [(grounded[i], params) for i in range(batch)]
-        res = compare({"plain": engine(None), "ngram": engine(SpeculativeConfig(num_tokens=args.k))}, jobs,
-                      args.rounds)
-        rows.append([f"(a) repeat a passage, batch {batch}", res["plain"][0], res["ngram"][0],
-                     res["ngram"][0] / res["plain"][0], f"{res['ngram'][1]:.1%}"])
-        print(rows[-1], flush=True)
+        engines = {"plain": engine(None)} | {f"k={k}": engine(SpeculativeConfig(num_tokens=k)) for k in kk}
+        res = compare(engines, jobs, args.rounds)
+        for k in kk:
+            got = res[f"k={k}"]
+            rows.append([f"(a) copy a passage, batch {batch}, k={k}", res["plain"][0], got[0],
+                         got[0] / res["plain"][0], f"{got[1]:.1%}"])
+            print(rows[-1], flush=True)
     wrong = NeverRight(model.config.vocab_size - 1)
     jobs = [(llm.prompt_ids(OPEN[0], chat=True), SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))]
     res = compare({"plain": engine(None),
-                   "backoff": engine(SpeculativeConfig(method="draft", draft_model="-", num_tokens=args.k), wrong),
-                   "always": engine(SpeculativeConfig(method="draft", draft_model="-", num_tokens=args.k, backoff=0),
-                                    wrong)}, jobs, args.rounds)
+                   "backoff": engine(SpeculativeConfig(method="draft", draft_model="-"), wrong),
+                   "always": engine(SpeculativeConfig(method="draft", draft_model="-", backoff=0), wrong)},
+                  jobs, args.rounds)
     for name, label in (("backoff", "(b) all rejected, default backoff"), ("always", "(b) all rejected, no backoff")):
         rows.append([label, res["plain"][0], res[name][0], res[name][0] / res["plain"][0], f"{res[name][1]:.1%}"])
         print(rows[-1], flush=True)
     out += [f"SmolLM2-135M-Instruct Q4_1 (native packed kernels, {model.dtype}), CPU, {torch.get_num_threads()} "
-            f"threads; greedy, {args.new_tokens} new tokens, k = {args.k} n-gram proposals (n 4 … 2), "
+            f"threads; greedy, {args.new_tokens} new tokens, n-gram proposals (n 4 … 2; (b): k = {default_k}), "
             f"median of {args.rounds} interleaved rounds; outputs checked identical to plain decoding.", "",
             markdown_table(["task", "plain decode tok/s", "speculative decode tok/s", "speed-up", "accepted"], rows), ""]
 
-    ks = [1, 2, 4, 6, 8]
-    cost = cost_table(model, [1, 2, 4, 8], ks, args.reps)
+    cks = [1, 2, 3, 4, 6, 8]
+    cost = cost_table(model, [1, 2, 4, 8], cks, args.reps)
     out += ["(c) Cost model: one decode step with B sequences of k+1 verify rows each, relative to one plain step of "
             "B rows (fused CPU decode step up to 16 rows, per-op decode path above).", "",
-            markdown_table(["B", "plain step ms", *[f"k={k}" for k in ks]], cost), ""]
+            markdown_table(["B", "plain step ms", *[f"k={k}" for k in cks]], cost), ""]
     print(cost, flush=True)
     if args.gguf7b is not None:
         big = mistral_kernels.LLM(args.gguf7b, num_blocks=64, max_batch=1)

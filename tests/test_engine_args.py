@@ -23,7 +23,7 @@ VALUES: dict[str, Any] = {
     "model": "m.gguf", "tokenizer": "tok.json", "dtype": "bf16", "device": "cuda:1", "max_batch": 3,
     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "enable_prefix_caching": False,
     "enforce_eager": True, "dequantize": True, "quantize": "int8", "check_tensors": True, "tp": 2,
-    "moe_parallel": "tensor", "speculative": "draft", "draft_model": "d.gguf", "num_speculative_tokens": 3,
+    "moe_parallel": "tensor", "speculative": "draft", "draft_model": "d.gguf", "num_speculative_tokens": 4,
     "ngram_max": 5, "ngram_min": 1, "speculative_max_batch": 3}
 
 
@@ -73,7 +73,7 @@ def test_defaults_are_llms_and_kwargs_map_every_field() -> None:
                     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "tokenizer": "tok.json",
                     "prefix_caching": False, "enforce_eager": True, "quantized": False, "quantize": "int8",
                     "check_tensors": True,
-                    "speculative": SpeculativeConfig(method="draft", num_tokens=3, ngram_max=5, ngram_min=1,
+                    "speculative": SpeculativeConfig(method="draft", num_tokens=4, ngram_max=5, ngram_min=1,
                                                      draft_model="d.gguf", max_batch=3)}
 
 

@@ -136,3 +136,22 @@ def test_draft_vocabulary_is_checked() -> None:
     with pytest.raises(ValueError, match="token 0 is"):
         check_same_vocabulary(50, 50, CharTokenizer(), Shifted())
     check_same_vocabulary(50, 50, CharTokenizer(), CharTokenizer())
+
+
+def test_default_model_llm_greedy_identical_with_ngram_and_self_draft() -> None:
+    """SmolLM2-135M Q4_1 (packed kernels, fused CPU decode of verify rows): ``LLM(speculative=...)`` gives plain
+    decoding's tokens on copy-style prompts (proposals accepted and rejected), n-gram and the model as its own
+    draft."""
+    from mistral_kernels.llm import LLM
+
+    from .helpers.default_model_files import default_model_or_skip
+
+    path = default_model_or_skip()
+    prompts = ["Copy this text word for word:\n\nThe quick brown fox jumps over the lazy dog, and the dog sleeps on.",
+               "List the numbers from one to twelve in words, separated by commas."]
+    want = LLM(path).generate(prompts, chat=True, max_new_tokens=40)
+    for spec in ("ngram", SpeculativeConfig(method="draft", draft_model=str(path), num_tokens=2)):
+        llm = LLM(path, speculative=spec)
+        got = llm.generate(prompts, chat=True, max_new_tokens=40)
+        assert [c.token_ids for c in got] == [c.token_ids for c in want]
+        assert llm.engine.stats.spec_accepted_tokens > 0

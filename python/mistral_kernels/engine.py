@@ -95,7 +95,8 @@ class Engine:
         self.scheduler = Scheduler(blocks, max_batch, max_tokens_per_step)
         self.runner = ModelRunner(model, blocks.num_physical_blocks, block_size, max_batch=max_batch,
                                   enforce_eager=enforce_eager, verify_rows=0 if speculative is None else
-                                  min(max_batch, speculative.max_batch) * (1 + speculative.num_tokens))
+                                  min(min(max_batch, speculative.max_batch) * (1 + speculative.num_tokens),
+                                      speculative.max_rows))
         if eos_ids is None:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)

@@ -61,7 +61,7 @@ class EngineArgs:
                                        "--draft-model); outputs unchanged, faster when proposals are right (off)",
                                  choices=METHODS)
     draft_model: str | None = _f(None, "the draft model of --speculative draft (a path, as --model)")
-    num_speculative_tokens: int = _f(5, "tokens proposed per sequence and step with --speculative (5)")
+    num_speculative_tokens: int = _f(3, "tokens proposed per sequence and step with --speculative (3)")
     ngram_max: int = _f(4, "--speculative ngram: longest n-gram matched (4)")
     ngram_min: int = _f(2, "--speculative ngram: shortest n-gram matched (2)")
     speculative_max_batch: int = _f(DEFAULT_MAX_BATCH, "speculate only in steps with at most this many decoding "

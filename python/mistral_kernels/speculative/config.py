@@ -39,7 +39,7 @@ class SpeculativeConfig:
     """
 
     method: str = "ngram"
-    num_tokens: int = 5
+    num_tokens: int = 3
     ngram_max: int = 4
     ngram_min: int = 2
     draft_model: str | None = None

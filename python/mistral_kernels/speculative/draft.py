@@ -7,7 +7,8 @@ no prefix caching). Per request it remembers the tokens whose k/v its cache hold
 last proposal + the proposals but the last). At the next proposal the request's tokens are compared with them:
 the common prefix stays (the accepted proposals are already computed), the rest is recomputed — so the draft's
 cache follows the accepted tokens, also after a rejection or a preemption of the target. One proposal: a
-catch-up forward (the tokens not yet in the draft cache, the last one's logits) and k-1 decode steps.
+catch-up forward (the tokens not yet in the draft cache, the last one's logits) and k-1 decode steps, each
+ending in one host read of the B proposed ids (the scheduler needs them on the host).
 
 Which token and which q: a greedy request gets the draft's argmax (greedy verification ignores q); a sampling
 request gets a draw from the draft's softmax at the request's temperature, and that softmax is its q, so the
