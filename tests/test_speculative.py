@@ -216,3 +216,28 @@ def test_stats_line_and_metrics_report_proposed_and_accepted() -> None:
     text = ServerMetrics(engine).render().decode()
     assert f"mistral_kernels_spec_proposed_tokens_total {float(s.spec_proposed_tokens)}\n" in text
     assert f"mistral_kernels_spec_accepted_tokens_total {float(s.spec_accepted_tokens)}\n" in text
+
+
+def test_no_speculation_while_a_request_is_constrained() -> None:
+    """Structured outputs mask plain steps only: a step with a constrained request runs without proposals."""
+    from mistral_kernels.speculative.speculator import Speculator
+
+    class Grammar:  # stands for a structured-output state: only its presence matters here
+        pass
+
+    spec = Speculator(SpeculativeConfig(num_tokens=3, max_batch=8), NgramProposer(), 4096)
+    engine = _engine(None)()
+    for ids, p in _jobs(2, seed=3, max_new=60, ignore_eos=True):
+        engine.add_request(ids, p)
+    for _ in range(40):  # until the outputs loop and the n-gram proposer has proposals for both
+        engine.step()
+        running = engine.scheduler.running()
+        spec.prepare(running)
+        if len(running) == 2 and all(r.draft_ids for r in running):
+            break
+        for r in running:  # this engine does not verify: the next step must not see them
+            r.draft_ids = []
+    assert len(running) == 2 and all(r.draft_ids for r in running)
+    running[1].grammar = Grammar()
+    spec.prepare(running)
+    assert not any(r.draft_ids for r in running)

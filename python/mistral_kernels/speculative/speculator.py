@@ -1,7 +1,8 @@
 """The engine's side of speculative decoding: before a step, ask the proposer for drafts of the decoding
 requests; after it, count what was accepted and how many of each verify chunk's k/v stay.
 
-Per step: no drafts when more requests decode than ``SpeculativeConfig.max_batch`` (a verify row costs more
+Per step: no drafts while a running request has a structured-output grammar (verify rows take no masks yet),
+or when more requests decode than ``SpeculativeConfig.max_batch`` (a verify row costs more
 than the tokens it brings there: the cost model in benchmarks/results/cpu_speculative.md). A request proposes
 at most ``num_tokens``, at most ``max_rows`` // (decoding requests) - 1, and never past its
 ``max_new_tokens`` (the last new token is always the target's own) or the model's context.
@@ -76,6 +77,11 @@ class Speculator:
             r.draft_ids, r.draft_probs = [], None
         decoding = [r for r in running if r.decoding]
         if not decoding or len(decoding) > self.config.max_batch:
+            return
+        if any(r.grammar is not None for r in running):
+            # Structured outputs: the grammar masks apply to plain steps only (runner.execute); verify rows would
+            # need each row's mask after its proposals (the hook in verify.target_tokens). Until then a step
+            # with a constrained request does not speculate.
             return
         most = self.config.max_rows // len(decoding) - 1
         asking, ks = [], []

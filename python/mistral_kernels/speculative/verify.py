@@ -77,8 +77,9 @@ def target_tokens(logits: torch.Tensor, rows: Sequence[VerifyRow],
     penalized = any(p.needs_history for p in params)
     x = penalized_logits(logits, params, [row.seen for row in rows] if penalized else None,
                          [row.generated for row in rows] if penalized else None)  # [R, V] float32
-    # Hook: a per-row mask of allowed tokens (structured outputs) applies to x here, for every verify row,
-    # with the mask of the state after that row's history (d_1 … d_j); then greedy and sampling both see it.
+    # Hook: a per-row mask of allowed tokens (structured outputs, structured.bitmask) applies to x here, for every
+    # verify row, with the grammar state after that row's history (d_1 … d_j); then greedy and sampling both see
+    # it. Not done yet: the speculator does not speculate in steps with a constrained request.
     out = x.argmax(dim=-1)
     if not rand:
         return out
