@@ -185,7 +185,8 @@ def main() -> None:
     b_note = (f"(b) with the default backoff the request verified in {backed.spec_verify_steps} of "
               f"{backed.steps - 1} decode steps ({backed.spec_proposed_tokens} proposed tokens: one at a time after "
               "the first rejection); with the cost model below (k=1: ×{k1:.2f} a plain step at B=1) that is "
-              "{model:.1%} more decode time — the modelled overhead, against which the measured one is noise.")
+              "{model:.1%} more decode time: the overhead the cost model predicts (the measured medians of (b) move by "
+              "more than that from round to round on the shared machine).")
     out += [f"SmolLM2-135M-Instruct Q4_1 (native packed kernels, {model.dtype}), CPU, {torch.get_num_threads()} "
             f"threads; greedy, {args.new_tokens} new tokens, n-gram proposals (n 4 … 2; (b): k = {default_k}), "
             f"median of {args.rounds} interleaved rounds; outputs checked identical to plain decoding.", "",

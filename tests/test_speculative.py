@@ -143,6 +143,16 @@ def test_prefix_caching_off_and_budget_smaller_than_the_proposals() -> None:
     _compare(_engine(None, prefix_caching=False, budget=8), _engine(spec, prefix_caching=False, budget=8), jobs)
 
 
+def test_logprobs_of_accepted_tokens_equal_plain_decodings() -> None:
+    jobs = _jobs(5, seed=12, logprobs=2, ignore_eos=True)
+    want, _, _ = run_engine(_engine(None), jobs)
+    got, _, engine = run_engine(_engine(SpeculativeConfig(num_tokens=4, max_batch=8, max_rows=64)), jobs)
+    assert engine.stats.spec_accepted_tokens > 0
+    for w, g in zip(want, got):
+        assert g.token_ids == w.token_ids and len(g.logprobs) == len(g.token_ids)
+        assert g.logprobs == w.logprobs
+
+
 def test_no_speculation_above_the_batch_threshold() -> None:
     plans = []
 
