@@ -102,6 +102,32 @@ def test_decode_layers_matches_reference(name: str, dtype: torch.dtype) -> None:
     assert args[0][2].abs().sum() > 0  # the padding row still runs its FFN on the residual
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_rows_of_one_sequence_write_before_attending(name: str, dtype: torch.dtype) -> None:
+    """Speculative decoding's verify rows: one sequence at positions 9 … 13, one row each (row j reads the
+    keys rows 0 … j-1 write in the same step, across a block boundary and the window of 7) — every row's
+    key / value is written before any row attends, as in the reference (the per-op order)."""
+    model = random_model(CONFIGS[name], dtype=dtype)
+    args, _ = _step_args(model, dtype, torch.Generator().manual_seed(5))
+    table = args[13][0]
+    rows = 5
+    args[0], args[1] = args[0][:1].repeat(rows, 1) * torch.arange(1, rows + 1)[:, None].to(dtype), \
+        args[1][:1].repeat(rows, 1)
+    args[11] = torch.arange(9, 9 + rows)                                          # positions
+    args[12] = torch.tensor([int(table[p // S]) * S + p % S for p in range(9, 9 + rows)])  # slots
+    args[13] = table[None].repeat(rows, 1)                                         # one block table
+    args[14] = torch.arange(10, 10 + rows, dtype=torch.int32)                      # seq_lens
+    ref = _clone(args)
+    ops.decode_layers(*args)
+    reference.decode_layers(*ref)
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
+    torch.testing.assert_close(args[0], ref[0], **tol)
+    torch.testing.assert_close(args[1], ref[1], **tol)
+    for got, want in zip(args[8] + args[9], ref[8] + ref[9]):
+        torch.testing.assert_close(got, want, **tol)
+
+
 def test_fallback_to_per_op_layers() -> None:
     config = CONFIGS["d16-window"]
     assert random_model(config, fused_cpu_decode=False).cpu_decode is None

@@ -16,13 +16,15 @@ from mistral_kernels.cli import build_parser
 from mistral_kernels.dataclass_cli import field_flags
 from mistral_kernels.engine_args import EngineArgs
 from mistral_kernels.llm import LLM
+from mistral_kernels.speculative import SpeculativeConfig
 
 # A valid, non-default value of every field.
 VALUES: dict[str, Any] = {
     "model": "m.gguf", "tokenizer": "tok.json", "dtype": "bf16", "device": "cuda:1", "max_batch": 3,
     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "enable_prefix_caching": False,
     "enforce_eager": True, "dequantize": True, "quantize": "int8", "check_tensors": True, "tp": 2,
-    "moe_parallel": "tensor"}
+    "moe_parallel": "tensor", "speculative": "draft", "draft_model": "d.gguf", "num_speculative_tokens": 4,
+    "ngram_max": 5, "ngram_min": 1, "speculative_max_batch": 3}
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -70,7 +72,9 @@ def test_defaults_are_llms_and_kwargs_map_every_field() -> None:
     assert full == {"path": "m.gguf", "device": "cuda:1", "dtype": torch.bfloat16, "max_batch": 3,
                     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "tokenizer": "tok.json",
                     "prefix_caching": False, "enforce_eager": True, "quantized": False, "quantize": "int8",
-                    "check_tensors": True}
+                    "check_tensors": True,
+                    "speculative": SpeculativeConfig(method="draft", num_tokens=4, ngram_max=5, ngram_min=1,
+                                                     draft_model="d.gguf", max_batch=3)}
 
 
 def test_bad_values_are_parse_errors_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,3 +86,13 @@ def test_bad_values_are_parse_errors_naming_the_flag(capsys: pytest.CaptureFixtu
         assert message in capsys.readouterr().err, argv
     with pytest.raises(ValueError, match="tp must be ≥ 1"):
         EngineArgs(tp=0)
+
+
+def test_speculative_flags_that_do_not_go_together() -> None:
+    with pytest.raises(ValueError, match="needs draft_model"):
+        EngineArgs(speculative="draft").to_llm_kwargs()
+    with pytest.raises(ValueError, match="--draft-model is given without --speculative draft"):
+        EngineArgs(draft_model="d.gguf").to_llm_kwargs()
+    with pytest.raises(ValueError, match="ngram_min"):
+        EngineArgs(speculative="ngram", ngram_min=5).to_llm_kwargs()
+    assert EngineArgs(speculative="ngram").to_llm_kwargs()["speculative"] == SpeculativeConfig()

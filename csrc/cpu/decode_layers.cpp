@@ -163,15 +163,18 @@ void check_disjoint(const char* op, std::vector<Span> written, const std::vector
 }
 
 // Rows attend in parallel, each right after writing its own key / value, where the per-op path writes every
-// row's before any row attends: a slot one row writes must be no other row's — not written by it, and not in
-// the blocks it reads (with any of the layers' windows). The engine's batches satisfy this (a sequence writes
-// only into its own last block; shared prefix blocks are full and read-only).
-void check_written_slots(const char* op, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+// row's before any row attends: that is the same when no row reads a block another row writes (with any of
+// the layers' windows) — the engine's plain decode steps (a sequence writes only into its own last block;
+// shared prefix blocks are full and read-only). Returns whether some row does read another's written block
+// (speculative decoding's verify rows): then the step writes every row's key / value first
+// (decode_step::Index::write_first). Two rows writing one slot is an error.
+bool check_written_slots(const char* op, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& seq_lens, int64_t S, at::IntArrayRef windows) {
   const int64_t M = slot_mapping.size(0), MB = block_tables.size(1);
   const int64_t* slot = slot_mapping.const_data_ptr<int64_t>();
   const int32_t* bt = block_tables.const_data_ptr<int32_t>();
   const int32_t* sl = seq_lens.const_data_ptr<int32_t>();
+  bool shared = false;
   for (int64_t m = 0; m < M; ++m) {
     if (slot[m] < 0) continue;
     const int64_t block = slot[m] / S;
@@ -182,12 +185,10 @@ void check_written_slots(const char* op, const at::Tensor& slot_mapping, const a
       if (sl[o] <= 0) continue;
       int64_t first = sl[o] - 1;
       for (int64_t w : windows) first = std::min(first, first_visible_key(sl[o] - 1, w));
-      for (int64_t j = first / S; j <= (sl[o] - 1) / S && j < MB; ++j)
-        TORCH_CHECK(bt[o * MB + j] != block, op, ": row ", m, " writes slot ", slot[m], " of block ", block,
-                    ", which row ", o, " reads (block_tables[", o, ", ", j, "]); a row may write only a block "
-                    "no other row of the step reads");
+      for (int64_t j = first / S; j <= (sl[o] - 1) / S && j < MB; ++j) shared |= bt[o * MB + j] == block;
     }
   }
+  return shared;
 }
 
 // In features of w2 (= I): the K of its first part (dense [H, I]; INT8_ROWWISE [N_g, I]; blocks [N_g, R]).
@@ -278,7 +279,7 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
   check::index_range_cpu<int64_t>(op, "slot_mapping", slot_mapping, -1, N * S, "-1 or a slot < N·S of k_cache");
   for (int64_t w : std::set<int64_t>(windows.begin(), windows.end()))
     check::paged_indices_cpu(op, k_cache[0], block_tables, seq_lens, w);
-  check_written_slots(op, slot_mapping, block_tables, seq_lens, S, windows);
+  const bool write_first = check_written_slots(op, slot_mapping, block_tables, seq_lens, S, windows);
   {
     std::vector<Span> written, read;
     push_span(written, "x", x);
@@ -312,7 +313,7 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
   const decode_step::Shape shape{M, H, I, n_heads, Hkv, D, R, S, N, block_tables.size(1),
                                  static_cast<float>(eps), static_cast<float>(scale), is_neox};
   const decode_step::Index index{pos, slot_mapping.const_data_ptr<int64_t>(), block_tables.const_data_ptr<int32_t>(),
-                                 sl, cos_sin.const_data_ptr<float>()};
+                                 sl, cos_sin.const_data_ptr<float>(), write_first};
   auto mat = [&](int k, int64_t l) {
     return decode_step::Mat{parts.data() + ranges[k][l].first, ranges[k][l].second};
   };

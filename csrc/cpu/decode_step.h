@@ -21,6 +21,9 @@
 //   3. attention   per (row m, kv head g): RoPE of q heads g·G … g·G+G-1 and k head g, k/v head g into
 //                  the paged cache at slot_mapping[m] (-1: skipped), paged attention of the G heads
 //                  (attention_core.h scan over all visible keys, no split-K)                  | barrier
+//                  When a row reads a block another row writes (speculative decoding's verify rows: one
+//                  sequence at consecutive positions, each its own row), every row's RoPE and cache write
+//                  come first, then a barrier, then the attention (Index::write_first), as the per-op path.
 //   4. o-proj      o[M, H] = attn · Woᵀ                                                       | barrier
 //   5. ffn norm    as 1., from o + residual
 //   6. gate|up     h[M, I] = silu(xn · Wgateᵀ) · (xn · Wupᵀ), in chunks of 64 columns        | barrier
@@ -108,6 +111,7 @@ struct Index {
   const int32_t* block_tables;  // [M, MB]
   const int32_t* seq_lens;      // [M] (keys after this step's write; 0 = padding row)
   const float* cos_sin;         // [P, R]: cos [R/2] then sin [R/2] per position
+  bool write_first;             // a row reads a block another row writes: every write before any attention
 };
 
 // The per-ISA kernels of the active level (MK_ISA_CALL), looked up once per call.
@@ -297,11 +301,10 @@ void mat_slice(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, i
   }
 }
 
-// Phase 3 for row m, kv head g: RoPE, cache write, attention of the G q heads into out [Hq·D] of row m.
+// Phase 3a for row m, kv head g: RoPE of its q and k heads (in place in qkv_row), k/v head g into the cache.
 template <typename T>
-void attend(const Kernels& kn, const Shape& s, const Index& ix, const Layer<T>& ly, T* qkv_row, T* out_row, int64_t m,
-            int64_t g, AttnScratch<T>& a) {
-  static_assert(sizeof(OnlineSoftmax) == 2 * sizeof(float));
+void rope_write(const Kernels& kn, const Shape& s, const Index& ix, const Layer<T>& ly, T* qkv_row, int64_t m,
+                int64_t g) {
   const int64_t G = s.Hq / s.Hkv, D = s.D;
   T* q = qkv_row + g * G * D;
   T* k = qkv_row + (s.Hq + g) * D;
@@ -313,6 +316,15 @@ void attend(const Kernels& kn, const Shape& s, const Index& ix, const Layer<T>& 
     std::memcpy(ly.k_cache + row, k, D * sizeof(T));
     std::memcpy(ly.v_cache + row, v, D * sizeof(T));
   }
+}
+
+// Phase 3b for row m, kv head g: attention of the G q heads (RoPE applied) into out [Hq·D] of row m.
+template <typename T>
+void attend(const Kernels& kn, const Shape& s, const Index& ix, const Layer<T>& ly, T* qkv_row, T* out_row, int64_t m,
+            int64_t g, AttnScratch<T>& a) {
+  static_assert(sizeof(OnlineSoftmax) == 2 * sizeof(float));
+  const int64_t G = s.Hq / s.Hkv, D = s.D;
+  T* q = qkv_row + g * G * D;
   std::fill(a.acc.begin(), a.acc.end(), 0.f);
   std::fill(a.st.begin(), a.st.end(), OnlineSoftmax{});
   const int64_t L = ix.seq_lens[m], first = first_visible_key(L - 1, ly.window);
@@ -394,8 +406,14 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
       barrier();
       {
         const auto [i0, i1] = split(M * s.Hkv, t, team, 1);
+        if (ix.write_first) {  // rows of one sequence (speculative verify rows): all writes, then attention
+          for (int64_t it = i0; it < i1; ++it) rope_write(kn, s, ix, ly, qkv.data() + it / s.Hkv * Nqkv, it / s.Hkv,
+                                                          it % s.Hkv);
+          barrier();
+        }
         for (int64_t it = i0; it < i1; ++it) {
           const int64_t m = it / s.Hkv, g = it % s.Hkv;
+          if (!ix.write_first) rope_write(kn, s, ix, ly, qkv.data() + m * Nqkv, m, g);
           attend(kn, s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
         }
         warm_slice(ly.wo, t, team);

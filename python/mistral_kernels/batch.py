@@ -30,6 +30,11 @@ cu_seqlens_q of the sequences after them, from 0).
 With ``logits_sequences=[1]`` (only sequence 1 samples, e.g. sequence 0 is mid-prefill)::
 
     logits_indices = [cu_seqlens_q[2] - 1] = [4]         int64 [N]   last new row of each listed sequence
+
+With ``logits_rows=[3]`` as well (speculative decoding verifies 2 proposed tokens of sequence 1: its last 3
+rows each need logits)::
+
+    logits_indices = [2, 3, 4]                           int64 [N]   last logits_rows[i] rows of each listed one
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class AttentionBatch:
         *,
         num_blocks: int | None = None,
         max_position: int | None = None,
+        logits_rows: Sequence[int] | None = None,
     ) -> AttentionBatch:
         """Build the metadata on the host from per-sequence lists (see the module docstring).
 
@@ -113,6 +119,8 @@ class AttentionBatch:
         num_blocks : physical blocks of the cache; when given, every block id of the tables must lie in
             [0, num_blocks) (ValueError otherwise)
         max_position : rows of the RoPE table; when given, every position must be below it
+        logits_rows : per listed sequence, how many of its last new rows get logits (1 ≤ n ≤ its num_new;
+            default 1 each): the verify rows of speculative decoding
         """
         b = len(block_tables)
         if not (len(num_cached) == len(num_new) == b) or b == 0:
@@ -147,7 +155,12 @@ class AttentionBatch:
             if any(not 0 <= r < b for r in rows) or len(set(rows)) != len(rows):
                 raise ValueError(f"AttentionBatch.build: logits_sequences must be distinct ids in [0, {b}), "
                                  f"got {rows}")
-            logits_indices = to_device([cu[r + 1] - 1 for r in rows], torch.int64, device)
+            counts = [1] * len(rows) if logits_rows is None else list(logits_rows)
+            if len(counts) != len(rows) or any(not 1 <= n <= num_new[r] for r, n in zip(rows, counts)):
+                raise ValueError(f"AttentionBatch.build: logits_rows must give 1 … num_new rows for each of the "
+                                 f"{len(rows)} logits_sequences, got {counts}")
+            logits_indices = to_device([i for r, n in zip(rows, counts) for i in range(cu[r + 1] - n, cu[r + 1])],
+                                       torch.int64, device)
         decode_only = all(n == 1 for n in num_new)
         num_decode = 0
         while not decode_only and num_new[num_decode] == 1:

@@ -92,6 +92,15 @@ def prefix_cache_stats(engine: Engine) -> str:
     return f"prefix cache hit {s.prefix_hit_rate:.1%} ({s.prefix_hit_tokens}/{s.prefix_query_tokens} tok)"
 
 
+def speculative_stats(engine: Engine) -> str:
+    """The stats-line field of speculative decoding: accepted / proposed tokens (empty when off)."""
+    if engine.speculator is None:
+        return ""
+    s = engine.stats
+    return (f" | spec {engine.speculator.config.method} accepted {s.spec_acceptance_rate:.1%} "
+            f"({s.spec_accepted_tokens}/{s.spec_proposed_tokens} tok)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (every flag documented in README, section "Generation")."""
     parser = _Parser(prog="mistral-kernels",
@@ -216,7 +225,7 @@ def _generate_on(args: argparse.Namespace, prompts: list[str], params: SamplingP
     print(f"[stats] load {llm.load_seconds:.2f} s | prompt {s.prompt_tokens} tok {s.prompt_tok_per_s:.1f} tok/s | "
           f"decode {s.decode_tokens} tok {s.decode_tok_per_s:.1f} tok/s | {s.decode_gb_per_s:.2f} GB/s | "
           f"{prefix_cache_stats(llm.engine)} | peak mem {_peak_memory(device)} | requests {len(done)} "
-          f"preemptions {s.preemptions}{tp}",
+          f"preemptions {s.preemptions}{speculative_stats(llm.engine)}{tp}",
           file=sys.stderr)
     return 0
 

@@ -23,6 +23,11 @@ Admission is the engine's: :meth:`Engine.check_request` checks a request once (p
 context, the KV pool: :meth:`Engine.max_new_tokens_for`) and gives a :class:`CheckedRequest` that
 :meth:`Engine.add_checked` queues without checking again; :meth:`Engine.add_request` is both.
 :class:`~mistral_kernels.stats.EngineStats` keeps the counters of the stats line.
+
+Speculative decoding (``speculative=``, :mod:`.speculative`): before scheduling, the decoding requests get
+proposed tokens (``Request.draft_ids``); the scheduler puts them in their chunks, the runner verifies them
+(:meth:`~mistral_kernels.runner.ModelRunner.execute_verify`), the output processor takes each request's
+accepted run (cut at a stop), and the commit keeps the k/v of the accepted tokens only.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ from .request import CheckedRequest, Request, RequestTimings
 from .runner import ModelRunner, PagedModel
 from .sampling_params import SamplingParams
 from .scheduler import AdmissionError, Scheduler
+from .speculative.config import SpeculativeConfig
+from .speculative.ngram import NgramProposer
+from .speculative.proposer import Proposer
+from .speculative.speculator import Speculator
 from .stats import DecodeTraffic, EngineStats
 from .structured.grammar import GrammarCompiler
 from .tokenization import Tokenizer
@@ -69,11 +78,15 @@ class Engine:
         Share the KV blocks of common prompt prefixes between requests (:mod:`.cache`; on by default).
     enforce_eager : decode steps without CUDA graphs (see :class:`~mistral_kernels.runner.ModelRunner`;
         None = graphs on CUDA, plain forward elsewhere).
+    speculative : speculative decoding settings; None = off
+    proposer : the proposer for ``speculative`` (default: :class:`~mistral_kernels.speculative.NgramProposer`
+        for method "ngram"; method "draft" needs one, e.g. :class:`~mistral_kernels.speculative.draft.DraftProposer`)
     """
 
     def __init__(self, model: PagedModel, tokenizer: Tokenizer | None, *, num_blocks: int, block_size: int = 16,
                  max_batch: int = 8, max_tokens_per_step: int = 512, eos_ids: Sequence[int] | None = None,
-                 prefix_caching: bool = True, enforce_eager: bool | None = None) -> None:
+                 prefix_caching: bool = True, enforce_eager: bool | None = None,
+                 speculative: SpeculativeConfig | None = None, proposer: Proposer | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
@@ -81,7 +94,9 @@ class Engine:
                               salt=cache_salt(model.config, model.dtype))
         self.scheduler = Scheduler(blocks, max_batch, max_tokens_per_step)
         self.runner = ModelRunner(model, blocks.num_physical_blocks, block_size, max_batch=max_batch,
-                                  enforce_eager=enforce_eager)
+                                  enforce_eager=enforce_eager, verify_rows=0 if speculative is None else
+                                  min(min(max_batch, speculative.max_batch) * (1 + speculative.num_tokens),
+                                      speculative.max_rows))
         if eos_ids is None:
             eos_ids = sorted(tokenizer.eos_ids) if tokenizer is not None else list(model.config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids)
@@ -90,6 +105,12 @@ class Engine:
         self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size, self.output.eos_ids) \
             if tokenizer is not None else None
         self.stats = EngineStats()
+        self.speculator: Speculator | None = None
+        if speculative is not None:
+            if proposer is None and speculative.method != "ngram":
+                raise ValueError(f"Engine: speculative method {speculative.method!r} needs a proposer")
+            proposer = proposer or NgramProposer(speculative.ngram_max, speculative.ngram_min)
+            self.speculator = Speculator(speculative, proposer, model.config.max_position)
         self._traffic = DecodeTraffic.of(model)
         self._next_id = 0
         # outputs that :meth:`iterate` stepped for requests it was not iterating, kept for their own caller
@@ -224,6 +245,8 @@ class Engine:
         discarded. Returns False when no such request exists (finished and handed out, or aborted)."""
         kept = self._backlog.pop(rid, None)
         request = self.scheduler.abort(rid)
+        if self.speculator is not None:
+            self.speculator.forget(rid)
         self.output.drop(rid)
         return kept is not None or request is not None
 
@@ -236,6 +259,8 @@ class Engine:
         """Run one forward over the scheduled mix; the outputs of the requests that got a token, in batch
         order (see the module docstring). A finished request's output carries its completion; the engine
         holds nothing of it afterwards."""
+        if self.speculator is not None:
+            self.speculator.prepare(self.scheduler.running())
         plan = self.scheduler.schedule()
         self.stats.preemptions += plan.num_preempted
         if not plan.chunks:
@@ -244,15 +269,25 @@ class Engine:
                                    "(KV cache too small); raise num_blocks")
             return []
         t0 = time.perf_counter()
-        sampled, logprobs = self.runner.execute(plan)
-        now = time.perf_counter()
-        self.scheduler.commit(plan)
         requests = plan.sampling_requests
-        outputs = self.output.process(requests, sampled, now, logprobs)
+        if self.speculator is not None and any(c.draft for c in plan.chunks):
+            new, new_logprobs = self.runner.execute_verify(plan)
+            now = time.perf_counter()
+            outputs = self.output.process_many(requests, new, now, new_logprobs)  # before commit: token ids
+            counts = self.speculator.record(plan, outputs, new)
+            self.scheduler.commit(plan, counts.kept)
+            self.stats.record_speculation(counts.proposed, counts.accepted, counts.verified)
+        else:
+            sampled, logprobs = self.runner.execute(plan)
+            now = time.perf_counter()
+            self.scheduler.commit(plan)
+            outputs = self.output.process(requests, sampled, now, logprobs)
         for r, out in zip(requests, outputs):
             if out.completion is not None:
                 self.scheduler.finish(r)
-        self.stats.record_step(plan, len(sampled), now - t0, self._traffic)
+                if self.speculator is not None:
+                    self.speculator.forget(r.rid)
+        self.stats.record_step(plan, sum(len(out.token_ids) for out in outputs), now - t0, self._traffic)
         return outputs
 
     # ------------------------------------------------------------------ stepping for callers

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .dataclass_cli import add_fields, values_from
+from .speculative.config import DEFAULT_MAX_BATCH, METHODS, SpeculativeConfig
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +22,8 @@ __all__ = ["DTYPES", "EngineArgs", "torch_dtype"]
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
-_POSITIVE = ("max_batch", "block_size", "num_blocks", "max_tokens_per_step", "tp")
+_POSITIVE = ("max_batch", "block_size", "num_blocks", "max_tokens_per_step", "tp", "num_speculative_tokens", "ngram_max",
+             "ngram_min", "speculative_max_batch")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -56,6 +58,16 @@ class EngineArgs:
     tp: int = _f(1, "tensor-parallel ranks; must equal the processes torchrun starts; with serve rank 0 listens (1)")
     moe_parallel: str = _f("expert", "with --tp, MoE experts split whole over the ranks (expert, default) or "
                                      "each expert's intermediate dim split (tensor)", choices=("expert", "tensor"))
+    speculative: str | None = _f(None, "speculative decoding: ngram (propose what followed the last n tokens earlier "
+                                       "in the prompt / output) or draft (a smaller model with the same vocabulary, "
+                                       "--draft-model); outputs unchanged, faster when proposals are right (off)",
+                                 choices=METHODS)
+    draft_model: str | None = _f(None, "the draft model of --speculative draft (a path, as --model)")
+    num_speculative_tokens: int = _f(3, "tokens proposed per sequence and step with --speculative (3)")
+    ngram_max: int = _f(4, "--speculative ngram: longest n-gram matched (4)")
+    ngram_min: int = _f(2, "--speculative ngram: shortest n-gram matched (2)")
+    speculative_max_batch: int = _f(DEFAULT_MAX_BATCH, "speculate only in steps with at most this many decoding "
+                                                       f"sequences ({DEFAULT_MAX_BATCH}; see the README)")
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:
@@ -68,6 +80,26 @@ class EngineArgs:
             raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
         if self.moe_parallel not in ("expert", "tensor"):
             raise ValueError(f"moe_parallel must be 'expert' or 'tensor', got {self.moe_parallel!r}")
+        if self.speculative not in (None, *METHODS):
+            raise ValueError(f"speculative must be one of {METHODS} or None, got {self.speculative!r}")
+        if self.num_speculative_tokens > 16:
+            raise ValueError(f"num_speculative_tokens must be ≤ 16, got {self.num_speculative_tokens}")
+
+    def speculative_config(self) -> SpeculativeConfig | None:
+        """The :class:`SpeculativeConfig` of the speculative flags; None without ``--speculative``.
+
+        Raises
+        ------
+        ValueError
+            Flags that do not go together (``--speculative draft`` without ``--draft-model``, n-gram sizes).
+        """
+        if self.speculative is None:
+            if self.draft_model is not None:
+                raise ValueError("--draft-model is given without --speculative draft")
+            return None
+        return SpeculativeConfig(method=self.speculative, num_tokens=self.num_speculative_tokens,
+                                 ngram_max=self.ngram_max, ngram_min=self.ngram_min, draft_model=self.draft_model,
+                                 max_batch=self.speculative_max_batch)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
@@ -87,7 +119,8 @@ class EngineArgs:
                 "max_batch": self.max_batch, "block_size": self.block_size, "num_blocks": self.num_blocks,
                 "max_tokens_per_step": self.max_tokens_per_step, "tokenizer": self.tokenizer,
                 "prefix_caching": self.enable_prefix_caching, "enforce_eager": self.enforce_eager,
-                "quantized": not self.dequantize, "quantize": self.quantize, "check_tensors": self.check_tensors}
+                "quantized": not self.dequantize, "quantize": self.quantize, "check_tensors": self.check_tensors,
+                "speculative": self.speculative_config()}
 
 
 def _check_field(name: str, value: Any) -> None:

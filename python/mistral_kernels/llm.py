@@ -27,6 +27,8 @@ from .loading import load_model
 from .memory import MemoryWarning, check_kv_pool, memory_warning
 from .parallel import ParallelContext
 from .sampling_params import SamplingParams, sampling_params
+from .speculative.config import SpeculativeConfig
+from .speculative.draft import DraftProposer, check_same_vocabulary
 from .tokenization import Message, Tokenizer, load_tokenizer
 from .tools.chat import ChatReply, ChatTools
 from .tools.spec import ToolDef
@@ -68,6 +70,9 @@ class LLM:
     check_tensors : scan every weight for inf / NaN at load (llama.cpp's ``--check-tensors``; one pass over
         the weights, cost in the README's "Loading" section). Without it non-finite values are still refused
         wherever loading touches every value (conversion, dequantization, quantization, GGUF block scales).
+    speculative : speculative decoding (:mod:`mistral_kernels.speculative`): a :class:`SpeculativeConfig`, or
+        "ngram" for its defaults; None (default) = off. Method "draft" loads ``draft_model`` on the same device,
+        in the same dtype, and checks it shares the target's vocabulary (ValueError otherwise).
     """
 
     def __init__(self, path: str | Path | Checkpoint | None = None, *, device: str | torch.device = "cpu",
@@ -76,7 +81,7 @@ class LLM:
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None, prefix_caching: bool = True,
                  enforce_eager: bool = False, quantized: bool = True, quantize: str | None = None,
-                 check_tensors: bool = False) -> None:
+                 check_tensors: bool = False, speculative: SpeculativeConfig | str | None = None) -> None:
         if path is None:
             from .default_model import default_model_path
 
@@ -112,9 +117,28 @@ class LLM:
         elif parallel is not None:  # a rank holds its share of the heads: check with its own config
             check_kv_pool(self.model.config, dtype, device, num_blocks, block_size)
         eos = set(self.tokenizer.eos_ids) | set(self.model.config.eos_token_ids)
+        if isinstance(speculative, str):
+            speculative = SpeculativeConfig(method=speculative)
+        proposer = None
+        if speculative is not None and speculative.method == "draft":
+            proposer = self._draft_proposer(speculative, device, dtype, num_blocks, block_size, quantized)
         self.engine = Engine(self.model, self.tokenizer, num_blocks=num_blocks, block_size=block_size,
                              max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, eos_ids=sorted(eos),
-                             prefix_caching=prefix_caching, enforce_eager=True if enforce_eager else None)
+                             prefix_caching=prefix_caching, enforce_eager=True if enforce_eager else None,
+                             speculative=speculative, proposer=proposer)
+
+    def _draft_proposer(self, spec: SpeculativeConfig, device: str | torch.device, dtype: torch.dtype,
+                        num_blocks: int, block_size: int, quantized: bool) -> DraftProposer:
+        """The draft model of ``spec``, loaded and checked against the target (same vocabulary)."""
+        assert spec.draft_model is not None  # SpeculativeConfig checks it
+        with Checkpoint.open(spec.draft_model) as ckpt:
+            draft = load_model(ckpt, device=device, dtype=dtype, progress=False, quantized=quantized)
+            try:
+                draft_tokenizer: Tokenizer | None = load_tokenizer(ckpt)
+            except (OSError, ValueError):  # no tokenizer next to the draft: the vocabulary size must do
+                draft_tokenizer = None
+        check_same_vocabulary(self.model.config.vocab_size, draft.config.vocab_size, self.tokenizer, draft_tokenizer)
+        return DraftProposer(draft, num_blocks, block_size)
 
     def prompt_ids(self, prompt: str, *, chat: bool = False, system: str | None = None) -> list[int]:
         """Token ids of a prompt: plain (BOS added per the tokenizer) or as a one-turn chat."""

@@ -68,7 +68,7 @@ class RequestOutput:
     Attributes
     ----------
     request_id : engine id
-    token_ids : the tokens generated in this step (one per step)
+    token_ids : the tokens generated in this step (one; several when speculative decoding accepted proposals)
     text : the text that became final since the previous output (may be empty: an incomplete UTF-8
         character, or text that might still begin a stop string, is held back)
     logprobs : the log-probabilities of ``token_ids`` when the request asked for ``logprobs``; else empty
@@ -120,14 +120,27 @@ class OutputProcessor:
         """Append each request's sampled token (``token_ids[i]`` to ``requests[i]``, with its log-probability
         ``logprobs[i]`` when not None); the requests' outputs, in order. A request that finished with its
         token has its ``timings.finished`` set to ``now`` and its completion in its output (and is dropped)."""
+        lps = None if logprobs is None else [[lp] if lp is not None else [] for lp in logprobs]
+        return self.process_many(requests, [[t] for t in token_ids], now, lps)
+
+    def process_many(self, requests: Sequence[Request], token_ids: Sequence[Sequence[int]], now: float,
+                     logprobs: Sequence[Sequence[TokenLogprob]] | None = None) -> list[RequestOutput]:
+        """:meth:`process` for several new tokens per request (speculative decoding's accepted run), in order:
+        the tokens after one that finishes the request (stop string, stop / EOS token, max_new_tokens) are
+        dropped. ``logprobs[i]``: the log-probabilities of ``token_ids[i]`` (empty when not asked)."""
         outputs = []
-        for i, (r, tok) in enumerate(zip(requests, token_ids)):
+        for i, (r, toks) in enumerate(zip(requests, token_ids)):
             st = self._states[r.rid]
-            lp = logprobs[i] if logprobs is not None else None
-            if lp is not None:
-                st.logprobs.append(lp)
-            self._append(st, int(tok), now)
-            out = RequestOutput(r.rid, [int(tok)], self._text_delta(st), [lp] if lp is not None else [])
+            lps = logprobs[i] if logprobs is not None else []
+            kept: list[int] = []
+            for j, tok in enumerate(toks):
+                kept.append(int(tok))
+                if j < len(lps):
+                    st.logprobs.append(lps[j])
+                self._append(st, int(tok), now)
+                if r.finish_reason is not None:
+                    break
+            out = RequestOutput(r.rid, kept, self._text_delta(st), list(lps[:len(kept)]))
             if r.finish_reason is not None:
                 r.timings.finished = now
                 out.completion = self.completion(r)

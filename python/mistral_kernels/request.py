@@ -2,7 +2,8 @@
 
 The scheduler advances ``num_computed`` (tokens whose k/v are in the cache) and counts preemptions; the
 output processor appends ``output_ids`` and sets the finish reason; the runner reads the token ids, the
-sampling parameters and the request's own random generator.
+sampling parameters and the request's own random generator. With speculative decoding the engine sets
+``draft_ids`` (:mod:`.speculative`) before each step: tokens proposed to follow, verified in that step.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Request:
     finish_reason : None while running; "stop" or "length"
     stop_reason : the matched stop string or stop / EOS token id
     grammar : the structured-output state when ``params.structured`` is set (it has consumed ``output_ids``)
+    draft_ids : tokens proposed to follow (speculative decoding), verified when the request decodes in the next
+        step; not part of the request's tokens until accepted
+    draft_probs : float32 [len(draft_ids), V], the proposer's distribution of each; None = point masses
     """
 
     rid: int
@@ -84,11 +88,23 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     grammar: GrammarState | None = None
+    draft_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
 
     @property
     def all_ids(self) -> list[int]:
         """Prompt + generated tokens."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def decoding(self) -> bool:
+        """Past its prompt with only its last token not in the cache: the next step decodes it."""
+        return self.num_computed == self.num_tokens - 1 and bool(self.output_ids)
+
+    @property
+    def num_draft(self) -> int:
+        """Proposed tokens the next step verifies: the draft when the request decodes, else 0."""
+        return len(self.draft_ids) if self.decoding else 0
 
     @property
     def num_tokens(self) -> int:

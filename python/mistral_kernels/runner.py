@@ -17,6 +17,15 @@ static buffers, replayed as CUDA graphs on CUDA. tests/test_sync_free.py proves 
 graphs), decode steps take their index tensors from :class:`~mistral_kernels.decode_inputs.CpuDecodeInputs`:
 buffers allocated once and updated in place, no tensor built per step.
 
+Speculative decoding (:meth:`ModelRunner.execute_verify`): a chunk that verifies K proposed tokens is the
+request's last token + the K proposals at positions c … c+K, with logits for each of its K+1 rows; one
+target token per row (:mod:`.speculative.verify`) is the step's one host read. When every chunk of the step
+is a decode or a verify chunk, the rows run as a decode step of single-token rows (row j of a chunk: position
+c+j, seq_len c+j+1, the request's block table), through the decode path of plain steps (CUDA graph buckets,
+the CPU's in-place inputs and fused decode step) — every row's k/v is written before any row attends, so row j
+sees the rows before it (causal) and the model's windows as any decode row. Other steps take the
+chunked-prefill path (causal among the new rows, windows respected).
+
 Mixed steps (prefill chunks and decodes): the runner puts every single-token chunk first, so all decode
 rows take the decode kernel (split-K) and only the prefill rows the prefill kernel
 (:meth:`ModelRunner._forward_mixed`; :class:`AttentionBatch` routes its leading single-token rows).
@@ -36,6 +45,7 @@ from .logprobs import TokenLogprob, token_logprobs
 from .ops import device_index_checks
 from .sampling import SamplingParams, sample
 from .scheduler import ScheduledChunk, SchedulerOutput
+from .speculative.verify import VerifyRow, accept, target_tokens
 from .structured.bitmask import MaskWorkspace, constrain_logits
 from .transfer import to_device
 
@@ -66,6 +76,8 @@ class ModelRunner:
     model : PagedModel
     num_blocks, block_size : the KV cache pool (allocated here, uninitialised)
     max_batch : most sequences in a step (the largest decode bucket)
+    verify_rows : most rows of a decode step that verifies proposed tokens (speculative decoding: the
+        decoding sequences × (k+1)); the decode buffers / graph buckets cover max(max_batch, verify_rows) rows
     enforce_eager : decode steps run the plain forward. None (default): padded static-buffer decode with
         CUDA graphs on a CUDA model, plain forward elsewhere (and for tensor-parallel models, whose
         collectives are not captured yet). False: the padded runner on every device (eager off CUDA).
@@ -74,7 +86,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: PagedModel, num_blocks: int, block_size: int, *, max_batch: int = 8,
-                 enforce_eager: bool | None = None) -> None:
+                 enforce_eager: bool | None = None, verify_rows: int = 0) -> None:
         self.model = model
         self.device = torch.device(model.device)
         self.num_blocks = num_blocks
@@ -86,9 +98,10 @@ class ModelRunner:
         self._mask_workspace = MaskWorkspace()  # structured outputs: the masked logits' host buffers
         if enforce_eager is None:
             enforce_eager = self.device.type != "cuda" or self._broadcast is not None
+        rows = max(max_batch, verify_rows)
         self.decode_graphs = None if enforce_eager else DecodeGraphRunner(
-            model, self.cache, num_blocks, block_size, max_batch, capture=self.device.type == "cuda")
-        self.cpu_decode_inputs = CpuDecodeInputs(max_batch, block_size, num_blocks, model.config.max_position) \
+            model, self.cache, num_blocks, block_size, rows, capture=self.device.type == "cuda")
+        self.cpu_decode_inputs = CpuDecodeInputs(rows, block_size, num_blocks, model.config.max_position) \
             if self.decode_graphs is None and self.device.type == "cpu" else None
 
     def generator_for(self, params: SamplingParams) -> torch.Generator | None:
@@ -100,7 +113,8 @@ class ModelRunner:
         return gen
 
     def _forward_mixed(self, chunks: list[ScheduledChunk], block_size: int) -> torch.Tensor:
-        """The plain forward over ``chunks`` → logits [N, V] of the sampling chunks, in batch order.
+        """The plain forward over ``chunks`` → logits [N, V] of the sampling chunks, in batch order (a chunk
+        that verifies proposed tokens has one row per proposal + 1, its last rows: N counts them all).
 
         Decodes first (row-kind split): the forward runs the chunks reordered — every single-token chunk
         first, in batch order, then the others — so that :class:`AttentionBatch` sends ALL decode rows of a
@@ -114,27 +128,34 @@ class ModelRunner:
         batch = AttentionBatch.build([c.block_table for c in run], [c.num_cached for c in run],
                                      [c.num_new for c in run], block_size, self.device,
                                      logits_sequences=[place[i] for i, c in enumerate(chunks) if c.samples],
-                                     num_blocks=self.num_blocks, max_position=self.model.config.max_position)
+                                     num_blocks=self.num_blocks, max_position=self.model.config.max_position,
+                                     logits_rows=[1 + len(c.draft) for c in chunks if c.samples])
         ids = to_device([t for c in run for t in c.token_ids], torch.int64, self.device)  # [T]
         with device_index_checks(False):  # validated on the host by AttentionBatch.build
             return self.model.forward(ids, batch, self.cache)  # [N, V]
+
+    def _logits(self, output: SchedulerOutput) -> torch.Tensor:
+        """The step's forward → logits [R, V]: one row per sampling chunk, 1 + len(draft) for a verify chunk
+        (batch order). Steps whose every row wants logits (decodes, verify chunks) take the decode path as
+        single-token rows (module docstring), others the mixed path."""
+        chunks = output.chunks
+        if chunks and all(c.samples and c.num_new == 1 + len(c.draft) for c in chunks):
+            ids = [t for c in chunks for t in c.token_ids]
+            tables = [c.block_table for c in chunks for _ in c.token_ids]
+            cached = [c.num_cached + j for c in chunks for j in range(c.num_new)]
+            if self.decode_graphs is not None and len(ids) <= self.decode_graphs.max_batch:
+                return self.decode_graphs.forward(ids, tables, cached)  # [R, V]
+            if self.cpu_decode_inputs is not None and len(ids) <= self.cpu_decode_inputs.max_batch:
+                tokens, batch = self.cpu_decode_inputs.step(ids, tables, cached)
+                with device_index_checks(False):  # validated on the host by CpuDecodeInputs.step
+                    return self.model.forward(tokens, batch, self.cache)  # [R, V]
+        return self._forward_mixed(chunks, output.block_size)  # [R, V]
 
     def execute(self, output: SchedulerOutput) -> tuple[list[int], list[TokenLogprob | None] | None]:
         """One forward over ``output.chunks``; returns the sampled ids of ``output.sampling_requests`` (in order)
         and, when one of them asks for ``logprobs``, one entry per request: its token's :class:`TokenLogprob`,
         or None for a request that does not ask (None instead of the list when none asks: no cost)."""
-        chunks = output.chunks
-        decode = bool(chunks) and all(c.num_new == 1 and c.samples for c in chunks)
-        if decode and self.decode_graphs is not None and len(chunks) <= self.decode_graphs.max_batch:
-            logits = self.decode_graphs.forward([c.token_ids[0] for c in chunks], [c.block_table for c in chunks],
-                                                [c.num_cached for c in chunks])  # [N, V]
-        elif decode and self.cpu_decode_inputs is not None and len(chunks) <= self.cpu_decode_inputs.max_batch:
-            ids, batch = self.cpu_decode_inputs.step([c.token_ids[0] for c in chunks],
-                                                     [c.block_table for c in chunks], [c.num_cached for c in chunks])
-            with device_index_checks(False):  # validated on the host by CpuDecodeInputs.step
-                logits = self.model.forward(ids, batch, self.cache)  # [N, V]
-        else:
-            logits = self._forward_mixed(chunks, output.block_size)  # [N, V]
+        logits = self._logits(output)  # [N, V]
         samplers = output.sampling_requests
         if not samplers:
             return [], None
@@ -152,3 +173,37 @@ class ModelRunner:
         logprobs = token_logprobs(logits, next_ids, [r.params.logprobs for r in samplers]) \
             if any(r.params.logprobs is not None for r in samplers) else None
         return next_ids.tolist(), logprobs  # the one host read of the step (a second one only with logprobs)
+
+    def execute_verify(self, output: SchedulerOutput) -> tuple[list[list[int]], list[list[TokenLogprob]] | None]:
+        """One forward over ``output.chunks`` where some verify proposed tokens (``ScheduledChunk.draft``);
+        returns, per request of ``output.sampling_requests``, its new tokens — the accepted proposals and one
+        token more (:func:`~.speculative.verify.accept`) — and, when one of them asks for ``logprobs``, their
+        :class:`TokenLogprob` lists (empty for a request that does not ask; None when none asks)."""
+        logits = self._logits(output)  # [R, V]
+        rows: list[VerifyRow] = []
+        proposed: list[list[int]] = []
+        for c in output.chunks:
+            if not c.samples:
+                continue
+            r, d = c.request, c.draft
+            history = r.params.needs_history
+            seen, generated = (r.all_ids, list(r.output_ids)) if history else ([], [])
+            for j in range(len(d) + 1):
+                q = r.draft_probs[j] if r.draft_probs is not None and j < len(d) else None
+                rows.append(VerifyRow(r.params, r.generator, seen + d[:j] if history else seen,
+                                      generated + d[:j] if history else generated,
+                                      d[j] if j < len(d) else None, q))
+            proposed.append(d)
+        targets = target_tokens(logits, rows, self._default_generator, eos_ids=self.eos_ids)  # [R]
+        if self._broadcast is not None:  # tensor parallel: rank 0's tokens everywhere
+            targets = self._broadcast(targets)
+        asks = [row.params.logprobs for row in rows]
+        logprobs = token_logprobs(logits, targets, asks) if any(a is not None for a in asks) else None
+        new = accept(targets.tolist(), proposed)  # the one host read of the step (a second one with logprobs)
+        if logprobs is None:
+            return new, None
+        out, row = [], 0
+        for d, toks in zip(proposed, new):
+            out.append([lp for lp in logprobs[row:row + len(toks)] if lp is not None])
+            row += len(d) + 1
+        return new, out

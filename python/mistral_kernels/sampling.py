@@ -24,7 +24,8 @@ from .logit_bias import adjusts_logits, apply_logit_bias, apply_min_tokens
 from .sampling_params import MAX_LOGPROBS, SEED_RANGE, SamplingParams
 from .transfer import to_device
 
-__all__ = ["MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "apply_filters", "sample"]
+__all__ = ["MAX_LOGPROBS", "SEED_RANGE", "SamplingParams", "apply_filters", "filtered_probs", "penalized_logits",
+           "sample"]
 
 
 def _penalize(logits: torch.Tensor, rows: list[int], penalties: list[float],
@@ -88,6 +89,47 @@ def apply_filters(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     return torch.full_like(x, float("-inf")).scatter_(-1, order, sorted_x)
 
 
+def penalized_logits(logits: torch.Tensor, params: Sequence[SamplingParams],
+                     seen: Sequence[Sequence[int]] | None = None,
+                     generated: Sequence[Sequence[int]] | None = None, *,
+                     eos_ids: Collection[int] = ()) -> torch.Tensor:
+    """float32 [B, V]: a copy of ``logits`` [B, V] with each row's repetition, presence and frequency penalties,
+    then its ``logit_bias`` and ``min_tokens`` mask applied (``seen`` / ``generated`` / ``eos_ids`` as for
+    :func:`sample`); ``logits`` is not modified."""
+    pen_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+    pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+    x = logits.to(torch.float32, copy=True)  # the penalties below write into it, never into `logits`
+    if pen_rows:
+        if seen is None:
+            raise ValueError("sample: repetition_penalty needs `seen` (the tokens of each sequence)")
+        _penalize(x, pen_rows, [params[i].repetition_penalty for i in pen_rows], seen)
+    if pf_rows:
+        if generated is None:
+            raise ValueError("sample: presence / frequency penalties need `generated` (each row's output tokens)")
+        _presence_frequency(x, pf_rows, params, generated)
+    if any(adjusts_logits(p) for p in params):
+        apply_logit_bias(x, params)
+        if any(p.min_tokens for p in params):
+            if generated is None:
+                raise ValueError("sample: min_tokens needs `generated` (each row's output tokens)")
+            apply_min_tokens(x, params, [len(g) for g in generated], eos_ids)
+    return x
+
+
+def filtered_probs(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """float32 [R, V]: the sampling distribution of each row of the penalized logits ``x`` [R, V] (rows that do
+    not sample greedily): temperature, top-k, top-p, min-p (:func:`apply_filters`), softmax."""
+    dev = x.device
+    filt = apply_filters(
+        x,
+        to_device([p.temperature for p in params], torch.float32, dev),
+        to_device([p.top_k for p in params], torch.int64, dev),
+        to_device([p.top_p for p in params], torch.float32, dev),
+        to_device([p.min_p for p in params], torch.float32, dev),
+    )
+    return filt.softmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None],
            seen: Sequence[Sequence[int]] | None = None,
@@ -113,43 +155,17 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     b = logits.shape[0]
     if len(params) != b or len(generators) != b:
         raise ValueError(f"sample: {b} rows but {len(params)} params and {len(generators)} generators")
-    pen_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
-    pf_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
-    adjusted = any(adjusts_logits(p) for p in params)
-    if not (pen_rows or pf_rows or rand_rows or adjusted):
+    if not (rand_rows or any(p.needs_history or adjusts_logits(p) for p in params)):
         # Greedy batch: the argmax of the logits as given (a 16-bit → fp32 cast is exact and monotone, so the
         # same ids, lowest on ties), no fp32 copy, no probabilities.
         return logits.argmax(dim=-1)
-    x = logits.to(torch.float32, copy=True)  # the penalties below write into it, never into `logits`
-    if pen_rows:
-        if seen is None:
-            raise ValueError("sample: repetition_penalty needs `seen` (the tokens of each sequence)")
-        _penalize(x, pen_rows, [params[i].repetition_penalty for i in pen_rows], seen)
-    if pf_rows:
-        if generated is None:
-            raise ValueError("sample: presence / frequency penalties need `generated` (each row's output tokens)")
-        _presence_frequency(x, pf_rows, params, generated)
-    if adjusted:
-        apply_logit_bias(x, params)
-        if any(p.min_tokens for p in params):
-            if generated is None:
-                raise ValueError("sample: min_tokens needs `generated` (each row's output tokens)")
-            apply_min_tokens(x, params, [len(g) for g in generated], eos_ids)
+    x = penalized_logits(logits, params, seen, generated, eos_ids=eos_ids)
     out = x.argmax(dim=-1)
     if not rand_rows:
         return out
-    dev = x.device
-    idx = to_device(rand_rows, torch.int64, dev)
-    sub = x.index_select(0, idx)
-    filt = apply_filters(
-        sub,
-        to_device([params[i].temperature for i in rand_rows], torch.float32, dev),
-        to_device([params[i].top_k for i in rand_rows], torch.int64, dev),
-        to_device([params[i].top_p for i in rand_rows], torch.float32, dev),
-        to_device([params[i].min_p for i in rand_rows], torch.float32, dev),
-    )
-    probs = filt.softmax(dim=-1)
+    idx = to_device(rand_rows, torch.int64, x.device)
+    probs = filtered_probs(x.index_select(0, idx), [params[i] for i in rand_rows])
     noise = torch.empty_like(probs)
     for j, i in enumerate(rand_rows):
         noise[j].exponential_(1.0, generator=generators[i])

@@ -6,9 +6,10 @@ Pure host bookkeeping over Python ints (no tensors): it owns the waiting and run
 tensors. One :meth:`Scheduler.schedule` fills the step's token budget B (``max_tokens_per_step``) in three
 passes — chunked prefill, decode first:
 
-1. **decodes**: every running request that decodes (one new token) brings it, oldest first. They come
-   first so a long prompt being prefilled never holds up the running streams' next tokens (B ≥
-   ``max_batch``, so every decode fits);
+1. **decodes**: every running request that decodes (one new token) brings it, oldest first, with its
+   proposed tokens to verify when speculating (``Request.num_draft``, cut so that every later decode still
+   fits, and by the free blocks). They come first so a long prompt being prefilled never holds up the
+   running streams' next tokens (B ≥ ``max_batch``, so every decode fits);
 2. **running prefills** (a prompt, or a recomputation, in chunks), oldest first;
 3. **admissions**: waiting requests join (arrival order) while budget, batch slots and KV blocks last.
 
@@ -50,7 +51,7 @@ Without the share L would have taken all 63 tokens of every step for 4 more step
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cache import BlockManager, OutOfBlocksError
 from .request import Request
@@ -83,7 +84,9 @@ class ScheduledChunk:
     token_ids : the chunk's tokens (positions num_cached … num_cached+num_new-1 of prompt + output)
     block_table : the request's KV blocks after allocation (logical block → physical id)
     samples : the chunk reaches the end of the request's known tokens: its last row is sampled
-    is_decode : one new token right after generated ones (a decode, not a prefill, for the stats)
+    is_decode : one new token right after generated ones (a decode, not a prefill, for the stats), possibly
+        followed by proposed tokens
+    draft : the proposed tokens verified in this chunk (the last ``len(draft)`` of ``token_ids``)
     """
 
     request: Request
@@ -93,6 +96,7 @@ class ScheduledChunk:
     block_table: list[int]
     samples: bool
     is_decode: bool
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,10 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self._running)
+
+    def running(self) -> list[Request]:
+        """The running requests, in arrival order (a copy)."""
+        return list(self._running)
 
     def request_ids(self) -> list[int]:
         """Ids of the unfinished requests: waiting, then running."""
@@ -204,9 +212,12 @@ class Scheduler:
         taken: set[int] = set()  # rids chosen in this step (never preempted by a later pass)
         gone: set[int] = set()  # rids preempted in this step
         # 1. decodes, oldest first (every one fits: budget ≥ max_batch ≥ running).
-        for r in list(self._running):
-            if r.rid not in gone and r.num_tokens - r.num_computed == 1 and budget > 0:
-                got = self._allocate_running(r, 1, taken, gone)
+        decodes = [r for r in self._running if r.num_tokens - r.num_computed == 1]
+        for i, r in enumerate(decodes):
+            if r.rid not in gone and budget > 0:
+                later = sum(x.rid not in gone for x in decodes[i + 1:])  # each still needs its 1 token
+                want = max(1, min(1 + r.num_draft, budget - later))
+                got = self._allocate_running(r, want, taken, gone)
                 if got:
                     chosen.append((r, got))
                     taken.add(r.rid)
@@ -273,25 +284,29 @@ class Scheduler:
             got = self._try_allocate(r, want)
         return got
 
-    def commit(self, output: SchedulerOutput) -> None:
-        """After the step's forward: the chunks' k/v are in the cache (full blocks become cached)."""
-        for c in output.chunks:
+    def commit(self, output: SchedulerOutput, kept: list[int] | None = None) -> None:
+        """After the step's forward: the chunks' k/v are in the cache (full blocks become cached). ``kept``:
+        per chunk, how many of its new tokens' k/v stay (a verify chunk keeps its last token and the accepted
+        proposals; the rejected ones' slots are overwritten later); None = all."""
+        for i, c in enumerate(output.chunks):
             r = c.request
-            r.num_computed += c.num_new
+            r.num_computed += c.num_new if kept is None else kept[i]
             self.blocks.cache_computed(r.rid, r.num_computed, r.token_ids)
 
     def _chunk(self, r: Request, n: int) -> ScheduledChunk:
         c = r.num_computed
+        draft = r.draft_ids[:max(0, c + n - r.num_tokens)]
         return ScheduledChunk(
-            request=r, num_cached=c, num_new=n, token_ids=r.token_ids(c, c + n),
-            block_table=list(self.blocks.block_table(r.rid)), samples=c + n == r.num_tokens,
-            is_decode=n == 1 and c == r.num_tokens - 1 and bool(r.output_ids))
+            request=r, num_cached=c, num_new=n, token_ids=r.token_ids(c, c + n - len(draft)) + draft,
+            block_table=list(self.blocks.block_table(r.rid)), samples=c + n >= r.num_tokens,
+            is_decode=r.decoding, draft=draft)
 
     def _pending_addresses(self, chosen: list[tuple[Request, int]]) -> set[bytes]:
         """Addresses of the blocks the chosen chunks complete in this step (empty without prefix caching)."""
         if not self.blocks.prefix_caching:
             return set()
-        return {h for r, n in chosen for h in self.blocks.completing_addresses(r.rid, r.num_computed + n, r.token_ids)}
+        return {h for r, n in chosen
+                for h in self.blocks.completing_addresses(r.rid, min(r.num_computed + n, r.num_tokens), r.token_ids)}
 
     def _next_block_pending(self, r: Request, pending: set[bytes]) -> bool:
         """Whether the first block ``r`` would compute (after its matched prefix) is completed by a chosen chunk

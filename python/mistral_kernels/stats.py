@@ -33,6 +33,20 @@ class EngineStats:
     preemptions: int = 0
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed and verified
+    spec_accepted_tokens: int = 0  # of which accepted
+    spec_verify_steps: int = 0  # sequence-steps that verified a proposal
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / proposed tokens (0 before any proposal)."""
+        return self.spec_accepted_tokens / self.spec_proposed_tokens if self.spec_proposed_tokens else 0.0
+
+    def record_speculation(self, proposed: int, accepted: int, verified: int) -> None:
+        """Count one step's verification (:mod:`mistral_kernels.speculative`)."""
+        self.spec_proposed_tokens += proposed
+        self.spec_accepted_tokens += accepted
+        self.spec_verify_steps += verified
 
     @property
     def prefix_hit_rate(self) -> float:

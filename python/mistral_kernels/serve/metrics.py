@@ -20,6 +20,8 @@ name                                       kind       meaning
 ``prefix_cache_hits_total``                counter    of which found cached (not computed); hit rate =
                                                      hits / queries
 ``preemptions_total``                      counter    requests preempted (recomputed later)
+``spec_proposed_tokens_total``             counter    speculative decoding: tokens proposed and verified
+``spec_accepted_tokens_total``             counter    of which accepted; acceptance rate = accepted / proposed
 ``requests_finished_total{finish_reason}`` counter    requests that ended with "stop" / "length"
 ``requests_aborted_total``                 counter    requests dropped unfinished (client disconnected)
 =========================================  =========  ===================================================
@@ -59,7 +61,7 @@ class ServerMetrics:
         Gauge(p + "kv_blocks_total", "KV cache blocks in the pool", registry=r).set(blocks.num_blocks)
         Gauge(p + "kv_blocks_cached", "Cached KV blocks held by no request (evictable)", registry=r).set_function(
             lambda: blocks.num_evictable_blocks)
-        r.register(_PrefixCacheCounters(engine, p))
+        r.register(_EngineCounters(engine, p))
         self.max_running = Gauge(p + "max_running", "Most requests given a token in one engine step",
                                  registry=r)
         self.max_running_value = 0
@@ -80,8 +82,8 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class _PrefixCacheCounters:
-    """The prefix-cache counters, read from the engine's stats when scraped."""
+class _EngineCounters:
+    """The prefix-cache and speculative-decoding counters, read from the engine's stats when scraped."""
 
     def __init__(self, engine: Engine, prefix: str) -> None:
         self.engine, self.prefix = engine, prefix
@@ -92,3 +94,7 @@ class _PrefixCacheCounters:
                                   "cache", value=s.prefix_query_tokens)
         yield CounterMetricFamily(self.prefix + "prefix_cache_hits", "Prompt tokens found in the prefix cache",
                                   value=s.prefix_hit_tokens)
+        yield CounterMetricFamily(self.prefix + "spec_proposed_tokens", "Speculative decoding: tokens proposed",
+                                  value=s.spec_proposed_tokens)
+        yield CounterMetricFamily(self.prefix + "spec_accepted_tokens", "Speculative decoding: proposed tokens "
+                                  "accepted", value=s.spec_accepted_tokens)
