@@ -47,15 +47,22 @@ __attribute__((always_inline)) inline void pv(float* ot, int64_t D, const float*
   constexpr int L = 16 * NV;
   for (int64_t d0 = 0; d0 < D; d0 += 4) {
     __m512 o[4][NV];
+    #pragma GCC unroll 8
     for (int dd = 0; dd < 4; ++dd)
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) o[dd][v] = _mm512_loadu_ps(ot + (d0 + dd) * L + 16 * v);
+    #pragma GCC unroll 8
     for (int c = 0; c < kKeys; ++c)
+      #pragma GCC unroll 8
       for (int dd = 0; dd < 4; ++dd) {
         const __m512 b = _mm512_set1_ps(vr[c][d0 + dd]);
+        #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v)
           o[dd][v] = Full ? _mm512_fmadd_ps(b, p[c][v], o[dd][v]) : _mm512_mask3_fmadd_ps(b, p[c][v], o[dd][v], vis[c][v]);
       }
+    #pragma GCC unroll 8
     for (int dd = 0; dd < 4; ++dd)
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) _mm512_storeu_ps(ot + (d0 + dd) * L + 16 * v, o[dd][v]);
   }
 }
@@ -85,6 +92,7 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
   __m512 m[NV], l[NV];
   __m512i lo[NV], hi[NV];
   __mmask16 valid[NV];
+  #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     m[v] = _mm512_load_ps(mb + 16 * v);
     l[v] = _mm512_load_ps(lb + 16 * v);
@@ -100,6 +108,7 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
     const int nk = static_cast<int>(std::min<int64_t>(kKeys, kend - j));
     const float* kr[kKeys];
     const float* vr[kKeys];
+    #pragma GCC unroll 8
     for (int c = 0; c < kKeys; ++c) {
       if (c < nk) {
         const int64_t off = kv.row(kv.slot(j + c));  // block ids checked by the glue (check::paged_indices_cpu)
@@ -122,8 +131,10 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
     // visibility of key j + c to each lane
     __mmask16 vis[kKeys][NV];
     bool full = true;  // every valid row sees every key of the group
+    #pragma GCC unroll 8
     for (int c = 0; c < kKeys; ++c) {
       const __m512i jc = _mm512_set1_epi32(static_cast<int32_t>(j + c));
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
         vis[c][v] = c < nk ? static_cast<__mmask16>(_mm512_cmp_epi32_mask(lo[v], jc, _MM_CMPINT_LE) &
                                                     _mm512_cmp_epi32_mask(jc, hi[v], _MM_CMPINT_LT))
@@ -133,13 +144,18 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
     }
     // scores
     __m512 s[kKeys][NV];
+    #pragma GCC unroll 8
     for (int c = 0; c < kKeys; ++c)
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) s[c][v] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; ++d) {
       __m512 qd[NV];
+      #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) qd[v] = _mm512_loadu_ps(qt + d * L + 16 * v);
+      #pragma GCC unroll 8
       for (int c = 0; c < kKeys; ++c) {
         const __m512 b = _mm512_set1_ps(kr[c][d]);
+        #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) s[c][v] = _mm512_fmadd_ps(b, qd[v], s[c][v]);
       }
     }
@@ -147,9 +163,11 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
     __m512 shift[NV];
     bool rescale = false;
     __m512 alpha[NV];
+    #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       __m512 cm = neg_inf;
       __mmask16 nan = 0;
+      #pragma GCC unroll 8
       for (int c = 0; c < kKeys; ++c) {
         s[c][v] = _mm512_mask_blend_ps(vis[c][v], neg_inf, s[c][v]);
         nan |= _mm512_cmp_ps_mask(s[c][v], s[c][v], _CMP_UNORD_Q);
@@ -162,6 +180,7 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
       m[v] = m_new;
       rescale = rescale || (_mm512_cmp_ps_mask(alpha[v], one, _CMP_NEQ_UQ) & valid[v]) != 0;
       __m512 sum = _mm512_setzero_ps();
+      #pragma GCC unroll 8
       for (int c = 0; c < kKeys; ++c) {
         s[c][v] = _mm512_maskz_mov_ps(vis[c][v], avx512::exp16(_mm512_sub_ps(s[c][v], shift[v])));  // p
         sum = _mm512_add_ps(sum, s[c][v]);
@@ -170,6 +189,7 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
     }
     if (rescale)
       for (int64_t d = 0; d < D; ++d)
+        #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v)
           _mm512_storeu_ps(ot + d * L + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(ot + d * L + 16 * v), alpha[v]));
     if (full)
@@ -177,6 +197,7 @@ void scan_d(int64_t R, int64_t D_arg, const float* q, float* acc, OnlineSoftmax*
     else
       pv<NV, false>(ot, D, vr, s, vis);
   }
+  #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) {
     _mm512_store_ps(mb + 16 * v, m[v]);
     _mm512_store_ps(lb + 16 * v, l[v]);
