@@ -158,6 +158,50 @@ def test_prefill_cpu(case: tuple, dtype: torch.dtype, window: int | None) -> Non
     _check_prefill(ops, "cpu", seq_lens, q_lens, hq, hkv, d, s, dtype, window, seed=d * 3 + s)
 
 
+# The CPU's fp32 prefill tiles of 8 … 32 query rows (tokens × G heads) run the rows-in-lanes scan
+# (csrc/cpu/isa/attention_tiled.h, AVX-512 levels); fewer rows take the per-row scan. Tiny shapes around its
+# edges: 8 and 9 rows (one vector of 16 lanes), 17 and 30 rows (two), a tile whose last rows fall short of 8,
+# keys across block boundaries (S = 8) and after a cached prefix (a chunk boundary), sliding windows.
+CPU_PREFILL_TILES = [  # (seq_lens, q_lens, Hq, Hkv, D, S, window)
+    ([8, 9], [8, 9], 1, 1, 64, 8, None),  # MHA: 8 / 9 rows (+ a 1-row tail of the second: per-row scan)
+    ([29, 17], [29, 17], 3, 3, 64, 8, None),  # MHA, S 8: 29 rows (two vectors), 17 rows
+    ([45, 71], [12, 40], 6, 2, 64, 8, 5),  # G 3: 30-row tiles after a cached prefix, a window inside a group of 8 keys
+    ([100], [64], 8, 2, 128, 16, 21),  # G 4: 32 rows, window across blocks and key groups
+    ([33], [33], 4, 1, 36, 8, None),  # G 4, D 36 (the generic head-dim loop)
+]
+
+
+@pytest.mark.parametrize("case", CPU_PREFILL_TILES,
+                         ids=[f"G{c[2] // c[3]}-D{c[4]}-W{c[6]}-Q{c[1]}" for c in CPU_PREFILL_TILES])
+def test_prefill_cpu_tiles(case: tuple) -> None:
+    from mistral_kernels import ops
+
+    seq_lens, q_lens, hq, hkv, d, s, window = case
+    _check_prefill(ops, "cpu", seq_lens, q_lens, hq, hkv, d, s, torch.float32, window, seed=d + s + hq)
+
+
+def test_prefill_cpu_tile_nan_reaches_only_rows_that_see_it() -> None:
+    """A NaN in the V row (then the K row) of key 5 of a 12-token prefill: rows of one 12-row tile see it from
+    token 5 on. Tokens 0 … 4 of the same tile stay finite (the key is masked for them, never multiplied),
+    later tokens are NaN where the reference is (V: every column; K: the whole row), as
+    docs/design.md §3 states."""
+    from mistral_kernels import ops
+
+    g = torch.Generator().manual_seed(5)
+    n, d, s = 12, 64, 8
+    for which in ("v_cache", "k_cache"):
+        p = make_paged([n], 1, d, s, torch.float32, g)
+        slot = int(p.block_tables[0, 0]) * s + 5
+        getattr(p, which).view(-1, 1, d)[slot, 0, 3] = float("nan")
+        q = torch.randn(n, 1, d, generator=g)
+        cu = torch.tensor([0, n], dtype=torch.int32)
+        got = ops.paged_prefill_attention(q, p.k_cache, p.v_cache, p.block_tables, cu, p.seq_lens, d**-0.5, None)
+        expect = ref.paged_prefill_attention(q, p.k_cache, p.v_cache, p.block_tables, cu, p.seq_lens, d**-0.5, None)
+        assert torch.isfinite(got[:5]).all(), which
+        assert torch.equal(got.isnan(), expect.isnan()) and got[5:].isnan().any(), which
+        assert_close(got.nan_to_num(), expect.nan_to_num(), **_tol(torch.float32))
+
+
 PREFILL_TINY = [  # emulator-sized: (seq_lens, q_lens, Hq, Hkv, D, S, window)
     ([20, 45], [20, 9], 2, 1, 64, 8, None),  # first prefill + a chunk after a cached prefix
     ([37, 5], [37, 5], 2, 2, 80, 16, 6),  # sliding window inside one K tile and across tiles

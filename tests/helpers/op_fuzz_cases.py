@@ -177,6 +177,47 @@ def _qlinear_call(g: torch.Generator) -> Call:
                 ("out",), lambda a: {"out": ref.qlinear(a["x"], a["qweight"], a["qtype"], a["scales"])})
 
 
+# INT8_ROWWISE weights with non-finite scales (docs/design.md §3, NaN / Inf semantics): every backend gives the
+# product of the dequantized weight W[n, k] = q[n, k] · s[n], so a row with an Inf scale is NaN where it meets a
+# 0 (q = 0 or x = 0: 0 · Inf) or terms of both signs, ±Inf only where every term has the same sign; a NaN scale
+# is NaN. Rows: 0 +Inf, 1 -Inf, 2 NaN, 3 +Inf over codes all 1 (x row 0 positive: +Inf there), 4 finite.
+# M = 2 runs the decode GEMV, M = 20 the prefill (dequantized tile) path; K = 40 a vector tail.
+def _nonfinite_int8(g: torch.Generator, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    q[0, 3] = 0
+    q[3] = 1
+    scales = torch.rand(n, generator=g) * 0.02 + 1e-3
+    scales[:4] = torch.tensor([math.inf, -math.inf, math.nan, math.inf])
+    return q, scales
+
+
+def _nonfinite_x(g: torch.Generator, m: int, k: int) -> torch.Tensor:
+    x = _randn(g, m, k)
+    x[0] = x[0].abs() + 0.1
+    return x
+
+
+def _nonfinite_scale_calls(g: torch.Generator) -> Iterator[tuple[str, Call]]:
+    N, K, G = 5, 40, 2
+    for M in (2, 20):
+        q, scales = _nonfinite_int8(g, N, K)
+        yield f"Inf / NaN scales, M={M}", Call(
+            "qlinear", {"out": torch.empty(M, N), "x": _nonfinite_x(g, M, K), "qweight": q, "scales": scales,
+                        "qtype": 1000},
+            ("out",), lambda a: {"out": ref.qlinear(a["x"], a["qweight"], a["qtype"], a["scales"])})
+        qs = [_nonfinite_int8(g, N, K) for _ in range(2 * G)]
+        qw, sc = torch.stack([t[0] for t in qs[:G]]), torch.stack([t[1] for t in qs[:G]])
+        uq, us = torch.stack([t[0] for t in qs[G:]]), torch.stack([t[1] for t in qs[G:]])
+        offsets = torch.tensor([0, M // 2, M])
+        for gated in (False, True):
+            yield f"Inf / NaN scales, M={M}{', gated' if gated else ''}", Call(
+                "moe_qgemm", {"out": torch.empty(M, N), "x": _nonfinite_x(g, M, K), "expert_offsets": offsets,
+                              "qweight": qw, "scales": sc, "qtype": 1000, "up_qweight": uq if gated else None,
+                              "up_scales": us if gated else None},
+                ("out",), lambda a: {"out": ref.moe_qgemm(a["x"], a["expert_offsets"], a["qweight"], a["qtype"],
+                                                          a["scales"], a["up_qweight"], a["up_scales"])})
+
+
 # decode_layers (CPU only): L = 2 layers, M = 2 rows; H = I = 32 and Hq·D = 32 so every matrix's K is a whole
 # number of 32-element blocks (the packed call). Rows 0 / 1 decode positions 5 / 9 (block tables below, S = 4).
 _DL = {"L": 2, "M": 2, "H": 32, "I": 32, "Hq": 2, "Hkv": 1, "D": 16, "N": 6, "S": 4, "P": 16}
@@ -465,6 +506,7 @@ def cases(namespace: str) -> list[tuple[Call, str, dict[str, Any]]]:
         out.append((call, "valid", call.args))
         out.extend((call, desc, args) for desc, args in mutations(call, g))
         out.extend((call, desc, args) for desc, args in list_mutations(call, g))
+    out.extend((call, desc, call.args) for desc, call in _nonfinite_scale_calls(g))
     return out
 
 

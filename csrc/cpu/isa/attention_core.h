@@ -26,6 +26,7 @@
 
 #include "../../kernels/common.cuh"
 #include "attention_avx512.h"
+#include "attention_tiled.h"
 #include "target.h"
 #include "vec_math.h"
 
@@ -155,7 +156,8 @@ inline void prefetch_rows(const T* base, int64_t stride, int64_t n, int64_t D) {
 }
 
 // Stream keys [kbeg, kend) of one sequence and one kv head (kv) through `rows`. The block ids of the
-// keys read were validated by check::paged_indices_cpu (kv.slot never returns -1 here).
+// keys read were validated by check::paged_indices_cpu (kv.slot never returns -1 here). fp32 caches with
+// 8 … 32 rows (prefill tiles) at AVX-512 take attention_tiled.h; bf16 with AVX512_BF16 scan_keys_bf16.
 #if MK_CPU_ATTN_AVX512BF16
 // scan_keys for bf16 caches with AVX-512 BF16 (attention_avx512.h); QV = D/32, D % 64 == 0.
 // Chunks of ≤ 16 keys inside one physical block: scores of every row, one softmax update per row and
@@ -235,6 +237,16 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
         case 256: return scan_keys_bf16<8>(rows, kv, kbeg, kend, sc);
         default: break;
       }
+    }
+  }
+#endif
+#if MK_CPU_ATTN_TILED
+  if constexpr (std::is_same_v<T, float>) {  // prefill tiles: rows in lanes (attention_tiled.h)
+    if (R >= tiled::kMinRows && R <= tiled::kMaxRows && D % 4 == 0 && D <= tiled::kMaxD) {
+      // Q^T and O^T [D][16·NV] live in the K / V conversion buffers ([kChunk][D] each, unused for fp32)
+      static_assert(kChunk >= tiled::kMaxRows);
+      if (R <= 16) return tiled::scan<1>(R, D, rows.q, rows.acc, rows.st, rows.lo, rows.hi, kv, kbeg, kend, sc.kbuf, sc.vbuf);
+      return tiled::scan<2>(R, D, rows.q, rows.acc, rows.st, rows.lo, rows.hi, kv, kbeg, kend, sc.kbuf, sc.vbuf);
     }
   }
 #endif

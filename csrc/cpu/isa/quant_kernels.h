@@ -21,7 +21,8 @@
 //                       x quantized to int8 per 256, integer sums over each super-block.
 //   gemv_rows_bf16<QT>  bf16 x, AVX512-BF16: the codes as exact bf16 by a lookup, vdpbf16ps: exact up to fp32
 //                       summation order (no format takes it by default now: every one has an int8 path).
-//   gemv_rows_i8        INT8_ROWWISE (int8 [N, K] + fp32 scales [N]): scale[n] · Σ_k q[n, k] · x[k] in fp32.
+//   gemv_rows_i8        INT8_ROWWISE (int8 [N, K] + fp32 scales [N]): scale[n] · Σ_k q[n, k] · x[k] in fp32
+//                       (a row with a non-finite scale: Σ_k x[k] · (q[n, k] · scale[n]), the dequantized product).
 // Prefill, M > 16: dequant_rows<QT> writes W[n0..n1, K] as fp32 or bf16 rows, tiles for the GEMM of
 //   csrc/cpu/quant.cpp; bound: that GEMM, 2·M·N·K FLOPs (the dequantization is N·K stores, O(1/M) of it).
 // Portable path (generic level): dequant_block<QT> (quant_blocks.h) into a buffer and a plain dot product.
@@ -555,11 +556,27 @@ void gemv_rows(const uint8_t* w, int64_t K, const float* x, int64_t M, OUT* y, i
   }
 }
 
+// A row whose scale is Inf or NaN: Σ_k x[k] · (q[k] · scale), the dequantized weight's product as the reference
+// and the CUDA kernels form it (docs/design.md, "Non-finite values"). Factoring the scale out (the fast path)
+// would turn Σ q·x ≠ 0 into ±Inf where the dequantized row holds NaN (q = 0 → 0 · Inf) or ±Inf of both signs.
+template <typename OUT>
+void dot_row_i8_nonfinite(const int8_t* q, int64_t K, const float* x, int64_t M, float scale, OUT* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    float s = 0.f;
+    for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * (static_cast<float>(q[k]) * scale);
+    y[m * ldy] = out_cast<OUT>(s);
+  }
+}
+
 template <typename OUT>
 void gemv_rows_i8(const int8_t* w, const float* scales, int64_t K, const float* x, int64_t M, OUT* y,
                          int64_t ldy, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t* row = w + n * K;
+    if (!std::isfinite(scales[n])) {
+      dot_row_i8_nonfinite(row, K, x, M, scales[n], y + n, ldy);
+      continue;
+    }
     int64_t m = 0;
     for (; m + kMaxMB <= M; m += kMaxMB) dot_row_i8<kMaxMB>(row, K, x + m * K, K, scales[n], y + m * ldy + n, ldy);
     switch (M - m) {
