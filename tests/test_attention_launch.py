@@ -159,7 +159,7 @@ def test_runner_mixed_step_sends_every_decode_to_the_decode_kernel(kernels: str)
         decode_rows.append(q.shape[0])
         return decode(q, *a, **kw)
 
-    def sample_spy(logits: torch.Tensor, *a: object) -> torch.Tensor:
+    def sample_spy(logits: torch.Tensor, *a: object, **kw: object) -> torch.Tensor:
         seen.append(logits)
         return logits.argmax(-1)
 
