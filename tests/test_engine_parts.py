@@ -17,20 +17,11 @@ from mistral_kernels.request import Request, RequestTimings
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.scheduler import Scheduler, SchedulerOutput
 
-from .helpers.engine import ALPHABET, CharTokenizer
+from .helpers.engine import ALPHABET, CharTokenizer, fake_step
 
 
 def _request(rid: int, prompt_len: int, **params: object) -> Request:
     return Request(rid, list(range(1, prompt_len + 1)), SamplingParams(**params), None, RequestTimings())
-
-
-def _step(s: Scheduler) -> SchedulerOutput:
-    """Schedule, pretend the forward ran, and give every sampling request one token (id 0)."""
-    out = s.schedule()
-    s.commit(out)
-    for r in out.sampling_requests:
-        r.output_ids.append(0)
-    return out
 
 
 def test_scheduler_worked_example() -> None:
@@ -40,7 +31,7 @@ def test_scheduler_worked_example() -> None:
     a, b, c = _request(0, 4), _request(1, 8), _request(2, 6)
     s.add(a)
     s.add(b)
-    first = _step(s)                                              # both prompts in one step
+    first = fake_step(s)                                              # both prompts in one step
     assert [(x.num_cached, x.num_new, x.samples, x.is_decode) for x in first.chunks] == [(0, 4, True, False),
                                                                                        (0, 8, True, False)]
     assert first.num_prefill_tokens == 12 and s.blocks.num_free_blocks == 3
@@ -62,9 +53,9 @@ def test_scheduler_preempts_the_newest() -> None:
     a, b = _request(0, 3), _request(1, 3)
     s.add(a)
     s.add(b)
-    _step(s)                                                      # 3 + 3 prompt tokens, 2 blocks
-    _step(s)                                                      # 4th tokens: blocks still full, not over
-    out = _step(s)                                                # 5th: A takes the last block, B is preempted
+    fake_step(s)                                                      # 3 + 3 prompt tokens, 2 blocks
+    fake_step(s)                                                      # 4th tokens: blocks still full, not over
+    out = fake_step(s)                                                # 5th: A takes the last block, B is preempted
     assert [x.request.rid for x in out.chunks] == [0] and out.num_preempted == 1
     assert (b.num_computed, b.num_preemptions, s.num_waiting, s.num_running) == (0, 1, 1, 1)
     s.finish(a)

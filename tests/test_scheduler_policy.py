@@ -12,19 +12,12 @@ from mistral_kernels.request import Request, RequestTimings
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.scheduler import Scheduler, SchedulerOutput
 
+from .helpers.engine import fake_step
+
 
 def _request(rid: int, prompt_len: int, max_new_tokens: int = 64) -> Request:
     return Request(rid, [1 + (rid * 7 + i) % 50 for i in range(prompt_len)],
                    SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True), None, RequestTimings())
-
-
-def _step(s: Scheduler) -> SchedulerOutput:
-    """Schedule, pretend the forward ran, and give every sampling request one token (id 0)."""
-    out = s.schedule()
-    s.commit(out)
-    for r in out.sampling_requests:
-        r.output_ids.append(0)
-    return out
 
 
 def _plan(out: SchedulerOutput) -> list[tuple[int, int, int]]:
@@ -38,16 +31,16 @@ def test_worked_example_head_of_line() -> None:
                   max_tokens_per_step=64)
     a, long = _request(0, 3), _request(1, 300)
     s.add(a)
-    _step(s)                                                    # A's prompt: A decodes from now on
+    fake_step(s)                                                    # A's prompt: A decodes from now on
     s.add(long)
-    assert _plan(_step(s)) == [(0, 3, 1), (1, 0, 63)]           # nobody behind L: it takes what is left
-    _step(s)                                                    # L: 63 → 126 computed (A 1)
+    assert _plan(fake_step(s)) == [(0, 3, 1), (1, 0, 63)]           # nobody behind L: it takes what is left
+    fake_step(s)                                                    # L: 63 → 126 computed (A 1)
     assert long.num_computed == 126
     s.add(_request(2, 20))
-    out = _step(s)
+    out = fake_step(s)
     assert _plan(out) == [(0, 5, 1), (1, 126, 32), (2, 0, 20)]
     assert [r.rid for r in out.sampling_requests] == [0, 2]     # N's first token in the step it joined
-    assert _plan(_step(s)) == [(0, 6, 1), (2, 20, 1), (1, 158, 62)]
+    assert _plan(fake_step(s)) == [(0, 6, 1), (2, 20, 1), (1, 158, 62)]
 
 
 def test_decodes_come_first_and_never_wait_for_a_prefill() -> None:
@@ -57,15 +50,15 @@ def test_decodes_come_first_and_never_wait_for_a_prefill() -> None:
                   max_tokens_per_step=8)
     long = _request(0, 200)
     s.add(long)
-    _step(s)                                                    # L: 8 tokens, then the others join
+    fake_step(s)                                                    # L: 8 tokens, then the others join
     for rid in (1, 2, 3):
         s.add(_request(rid, 2))
-    out = _step(s)                                              # L has others behind it: 4, then 2 + 2
+    out = fake_step(s)                                              # L has others behind it: 4, then 2 + 2
     assert _plan(out) == [(0, 8, 4), (1, 0, 2), (2, 0, 2)]
-    out = _step(s)                                              # 1, 2 decode; L 3 (3 behind), 3 joins
+    out = fake_step(s)                                              # 1, 2 decode; L 3 (3 behind), 3 joins
     assert _plan(out) == [(1, 2, 1), (2, 2, 1), (0, 12, 3), (3, 0, 2)]
     for _ in range(20):
-        out = _step(s)
+        out = fake_step(s)
         assert [c.request.rid for c in out.chunks] == [1, 2, 3, 0] and out.chunks[3].num_new == 5
         assert all(c.is_decode for c in out.chunks[:3])
 
@@ -79,12 +72,12 @@ def test_short_request_is_not_stuck_behind_a_long_prefill() -> None:
     long, short = _request(0, 3000), _request(1, 40)
     s.add(long)
     for _ in range(3):
-        assert _plan(_step(s))[0][2] == 256
+        assert _plan(fake_step(s))[0][2] == 256
     s.add(short)
     first_token_step = long_done_step = None
     for step in range(1, 40):
         before = long.num_computed
-        out = _step(s)
+        out = fake_step(s)
         if short in out.sampling_requests and first_token_step is None:
             first_token_step = step
         if long in out.sampling_requests and long_done_step is None:
@@ -107,7 +100,7 @@ def test_a_stream_of_arrivals_does_not_starve_the_oldest_prefill() -> None:
         for _ in range(3):
             s.add(_request(rid, 12, max_new_tokens=2))
             rid += 1
-        out = _step(s)
+        out = fake_step(s)
         for r in out.sampling_requests:
             if r is not long and len(r.output_ids) >= r.params.max_new_tokens:
                 s.finish(r)
@@ -127,8 +120,8 @@ def test_admissions_fill_the_step_without_slivers() -> None:
                   max_tokens_per_step=128)
     for rid in range(5):
         s.add(_request(rid, 50))
-    assert _plan(_step(s)) == [(0, 0, 50), (1, 0, 50), (2, 0, 28)]
-    assert _plan(_step(s)) == [(0, 50, 1), (1, 50, 1), (2, 28, 22), (3, 0, 50), (4, 0, 50)]
+    assert _plan(fake_step(s)) == [(0, 0, 50), (1, 0, 50), (2, 0, 28)]
+    assert _plan(fake_step(s)) == [(0, 50, 1), (1, 50, 1), (2, 28, 22), (3, 0, 50), (4, 0, 50)]
 
 
 def test_alone_a_prefill_takes_the_whole_budget() -> None:
@@ -136,9 +129,9 @@ def test_alone_a_prefill_takes_the_whole_budget() -> None:
     s = Scheduler(BlockManager(num_blocks=256, block_size=4, prefix_caching=False), max_batch=2,
                   max_tokens_per_step=100)
     s.add(_request(0, 250))
-    assert [c.num_new for c in _step(s).chunks] == [100]
-    assert [c.num_new for c in _step(s).chunks] == [100]
-    assert [c.num_new for c in _step(s).chunks] == [50]
+    assert [c.num_new for c in fake_step(s).chunks] == [100]
+    assert [c.num_new for c in fake_step(s).chunks] == [100]
+    assert [c.num_new for c in fake_step(s).chunks] == [50]
 
 
 def test_a_full_batch_leaves_waiting_requests_out_of_the_share() -> None:
@@ -147,11 +140,11 @@ def test_a_full_batch_leaves_waiting_requests_out_of_the_share() -> None:
     s = Scheduler(BlockManager(num_blocks=256, block_size=4, prefix_caching=False), max_batch=2,
                   max_tokens_per_step=64)
     s.add(_request(0, 3))
-    _step(s)
+    fake_step(s)
     s.add(_request(1, 500))
-    _step(s)
+    fake_step(s)
     s.add(_request(2, 5))
-    assert _plan(_step(s)) == [(0, 4, 1), (1, 63, 63)] and s.num_waiting == 1
+    assert _plan(fake_step(s)) == [(0, 4, 1), (1, 63, 63)] and s.num_waiting == 1
 
 
 def test_a_decode_preempts_the_newest_prefill_not_chosen() -> None:
@@ -163,7 +156,7 @@ def test_a_decode_preempts_the_newest_prefill_not_chosen() -> None:
     a, b = _request(0, 4), _request(1, 8)
     s.add(a)
     s.add(b)
-    assert _plan(_step(s)) == [(0, 0, 4), (1, 0, 4)]
-    out = _step(s)
+    assert _plan(fake_step(s)) == [(0, 0, 4), (1, 0, 4)]
+    out = fake_step(s)
     assert _plan(out) == [(0, 4, 1)] and out.num_preempted == 1
     assert (b.num_computed, b.num_preemptions, s.num_waiting, s.num_running) == (0, 1, 1, 1)

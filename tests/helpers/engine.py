@@ -10,6 +10,7 @@ import torch
 
 from mistral_kernels.batch import AttentionBatch
 from mistral_kernels.config import ModelConfig
+from mistral_kernels.scheduler import Scheduler, SchedulerOutput
 from mistral_kernels.tokenizer import Tokenizer
 
 
@@ -91,3 +92,12 @@ def tiny_mistral(tmp_path_factory: pytest.TempPathFactory):
     model = load_model(path, progress=False)
     assert model.config.sliding_window == 16
     return model, hf
+
+
+def fake_step(s: Scheduler) -> SchedulerOutput:
+    """Schedule, pretend the forward ran, and give every sampling request one token (id 0)."""
+    out = s.schedule()
+    s.commit(out)
+    for r in out.sampling_requests:
+        r.output_ids.append(0)
+    return out
