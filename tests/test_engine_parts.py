@@ -15,7 +15,7 @@ from mistral_kernels.cache import BlockManager
 from mistral_kernels.output import OutputProcessor
 from mistral_kernels.request import Request, RequestTimings
 from mistral_kernels.sampling import SamplingParams
-from mistral_kernels.scheduler import Scheduler, SchedulerOutput
+from mistral_kernels.scheduler import Scheduler
 
 from .helpers.engine import ALPHABET, CharTokenizer, fake_step
 
