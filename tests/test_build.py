@@ -10,6 +10,7 @@ import re
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,6 +114,42 @@ def test_cpu_kernels_built_per_isa_level() -> None:
     found = {r.stdout[m.end() : m.end() + int(m.group(1))] for m in re.finditer(r"N2mk3cpu(\d+)", r.stdout)}
     levels = mistral_kernels.CPU_ISA_LEVELS if platform.machine() in ("x86_64", "AMD64") else ("generic",)
     assert {f"isa_{level}" for level in levels} <= found, sorted(found)
+
+
+def _libstdcxx_guard():
+    """cmake/check_libstdcxx.py, the post-link guard, imported from the source tree."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "cmake" / "check_libstdcxx.py"
+    spec = importlib.util.spec_from_file_location("check_libstdcxx", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_library_has_no_private_libstdcxx() -> None:
+    """cmake/libstdcxx.cmake: _C.so uses the libstdc++.so.6 torch loads; a private static copy of the iostream
+    code made every TORCH_CHECK message that formats a number segfault (GPU machine, /opt/gcc toolchain)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not found")
+    assert _libstdcxx_guard().copied_members(nm, str(mistral_kernels.library_path())) == []
+    with pytest.raises(RuntimeError, match=r"weight.shape\[0\] must be 64 \(H = x.shape\[-1\]\), got shape \[63\]"):
+        mistral_kernels.ops.rms_norm(torch.randn(4, 64), torch.ones(63))  # the numbers survive formatting
+
+
+def test_libstdcxx_guard_catches_a_static_copy(tmp_path: Path) -> None:
+    """The guard fails a shared library linked with a static libstdc++ (what the /opt/gcc driver did)."""
+    nm, cxx = shutil.which("nm"), shutil.which("g++")
+    if nm is None or cxx is None:
+        pytest.skip("nm or g++ not found")
+    src = tmp_path / "probe.cc"
+    src.write_text("#include <sstream>\nstd::string f(long v) { std::ostringstream s; s << v; return s.str(); }\n")
+    guard = _libstdcxx_guard()
+    for flags, copied in (([], False), (["-static-libstdc++"], True)):
+        lib = tmp_path / f"probe{len(flags)}.so"
+        subprocess.run([cxx, "-fPIC", "-shared", *flags, str(src), "-o", str(lib)], check=True, timeout=120)
+        assert bool(guard.copied_members(nm, str(lib))) == copied, flags
 
 
 def test_cuda_build_is_real() -> None:

@@ -9,6 +9,8 @@ CPU the runner is eager; on a GPU (skipped here) the same comparison runs throug
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -105,4 +107,5 @@ def test_padded_runner_rejects_bad_steps() -> None:
 def test_cuda_graphs_equal_unpadded_forward(config: ModelConfig) -> None:
     if not mistral_kernels.cuda_compiled():
         pytest.skip("CUDA kernels not built")
-    _run(config, "cuda", None, max_batch=20, capture=True)
+    # the CUDA attention kernels take head_dim 64 / 80 / 96 / 128 / 256 only (test_attention.py)
+    _run(dataclasses.replace(config, head_dim=64), "cuda", None, max_batch=20, capture=True)

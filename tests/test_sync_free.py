@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -113,7 +114,8 @@ def test_cuda_step_has_no_sync_but_the_sampled_ids(enforce_eager: bool | None,
 
     if not mistral_kernels.cuda_compiled():
         pytest.skip("CUDA kernels not built")
-    model = random_model(CONFIG, device="cuda", seed=1)
+    # head_dim 64: the CUDA attention kernels' smallest (test_attention.py)
+    model = random_model(dataclasses.replace(CONFIG, head_dim=64), device="cuda", seed=1)
     eng = Engine(model, None, num_blocks=32, block_size=4, max_batch=4, max_tokens_per_step=16, eos_ids=(),
                  enforce_eager=enforce_eager)
     if enforce_eager is None:
