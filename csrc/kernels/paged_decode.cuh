@@ -48,7 +48,7 @@
 // arithmetic intensity ≈ G / sizeof(T) FLOP/byte (≤ 4 for bf16, G ≤ 8), far below an A100's ~150
 // FLOP/byte, so the bound is HBM bandwidth.
 //
-// Design estimate (NOT measured: no GPU has run this version; benchmarks/bench_attention.py --device cuda
+// Design estimate (made before the first GPU run, measured figures below; benchmarks/bench_attention.py --device cuda
 // measures it). Mistral 7B (32 layers, Hkv = 8, D = 128, bf16: 4 KiB of K+V per token and layer):
 //   B = 1, 4k context: K+V 16.8 MB per layer (537 MB per decode step, 32 layers) + split-K workspace
 //     (43 partitions · 32 heads · 130 · 4 B, written and read) 1.4 MB (8 %) → ≈ 5.4 µs per layer at an
@@ -68,6 +68,12 @@
 // cores: a GQA-group mma decode, not built yet); the split-K workspace and the reduce launch cost the rest
 // at batch 1. Below ~512 keys the step is launch- and latency-bound (a few µs whatever the kernel does):
 // the CUDA graphs of mistral_kernels/decode_graphs.py remove the launch overhead there.
+// Measured (NVIDIA H200, 2026-11-27, L2 flushed, % of the 4221 GB/s copy bandwidth measured in the same run;
+// benchmarks/results/gpu_kernels.md), bf16, D 128, Hq 32 / Hkv 8: B = 32 × 4096 keys 182 µs = 70 %;
+// B = 64 × 1024 57 %; B = 1 × 32768 56 %; B = 1 × 4096 24.2 µs = 16 % (the estimate above: ≈ 4 µs at the
+// H200's rate — batch 1 at mid contexts is latency-bound on the split-K partitions and the reduce launch, the
+// largest gap to the estimate); B = 1 × 512 14.9 µs (launch-bound). The ≥ 2k-key, B ≥ 16 figure (70 %) sits at
+// the estimate's "less on an H200" end: issue nearly binds there, as counted above.
 #pragma once
 
 #include "../simt/fast_exp.cuh"

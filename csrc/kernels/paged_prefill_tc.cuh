@@ -72,6 +72,11 @@
 // gather with a FastDiv per key (no divide) and 32-bit slot math in a compile-time chunk loop; the mask only
 // on tiles some row of the warp does not see in full; scores scaled inside the exp2 FMA; exp2 as one
 // ex2.approx.ftz (fast_exp.cuh); the O rescale skipped by a warp vote when no row's max moved; BN 64.
+// Measured (NVIDIA H200, 2026-11-27, benchmarks/results/gpu_kernels.md; bf16, D 128, Hq 32 / Hkv 8, causal):
+// 4096 new tokens 687 µs = 200 TFLOP/s (20 % of the 989 TFLOP/s dense peak, ≈ 30 % of the ~660 mma.sync
+// rate); 16 × 512 new 124 TFLOP/s; 128 new on 2048 cached 63 TFLOP/s. About 0.4× of the shared-memory-bound
+// figure above: the 63 % HMMA issue share is not what limits it on the GPU (latency of the K/V gather and
+// the two barriers per tile with 2 blocks per SM are the suspects; ncu was not run).
 // NaN / Inf: masks are selects on S; P·V skips keys a row cannot see whenever a masked key of the tile
 // holds a non-finite V (tc_masked_v_nonfinite), so nothing leaks through 0·NaN (common.cuh, NaN rule).
 //

@@ -20,11 +20,17 @@
 //       Q6_K 170 (9.9; 1.3)  Q4_0 113 (10.2; 1.8)  Q4_1 83 (15.4; 1.6)  Q8_0 117 (18.6; 3.2)
 //     MR 8 (1 block per lane):  Q4_K 247 (2.3; 0.7)  Q5_K 277 (2.5; 0.8)  Q6_K 478 (3.5; 1.1)  Q4_0 216 (2.7;
 //       1.0)  Q4_1 200 (3.2; 1.0)  Q8_0 213 (5.1; 1.8)
-//   Estimate (not measured: no GPU here): ≥ 3 B per warp-instruction leaves the H100's issue rate (132 SMs ×
+//   Estimate (made before the first GPU run): ≥ 3 B per warp-instruction leaves the H100's issue rate (132 SMs ×
 //   4 schedulers × 1.83 GHz ≈ 0.97·10¹² warp-instructions/s) 2–5× above what 3.35 TB/s asks, so M = 1 is
 //   memory-bound: 75–85 % of HBM bandwidth for N ≥ 1024 (registers 54–80 → ≥ 6 blocks of 4 warps per SM, each
 //   lane with 1–2 blocks' loads in flight). M = 8: 8× the x loads and dp4a per weight byte, 2.3–3.5 B per
 //   warp-instruction for the 4- to 6-bit formats: near the issue bound, an estimated 50–70 %.
+//   Measured (NVIDIA H200, 2026-11-27, benchmarks/results/gpu_kernels.md, bf16 x, L2 flushed, % of the 4221
+//   GB/s copy bandwidth): M = 1 on 14336×4096 / 4096×14336: Q8_0 45–49 %, Q4_K 39–40 %, Q4_0 38–39 %, Q6_K
+//   31–34 %; on 4096×4096 19–28 % (12–17 µs: the launch and the last wave dominate); M = 8: Q8_0 17–23 %,
+//   Q4_K / Q4_0 10–15 %, Q6_K 8–10 %; INT8_ROWWISE (exact path) 14–22 % at M = 1, 3 % at M = 8. Half of the
+//   estimate at M = 1 and a fifth at M = 8: the bytes-per-instruction figures above are not the limit;
+//   memory-level parallelism per SM is the next suspect (ncu was not run).
 //
 // Exact (quant_gemv_block; fp32 x, INT8_ROWWISE, Q4_K / Q5_K rows not 16-byte aligned): fp32 products of the
 // bit-exactly decoded weights.
