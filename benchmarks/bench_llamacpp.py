@@ -14,7 +14,8 @@ Weights: the default model's GGUF (SmolLM2-135M-Instruct Q4_1: Q4_1 matrices, a 
 BF16 and F32 conversions made by ``llama-quantize --allow-requantize IN OUT BF16|F32`` (into a temp dir):
 
 - **Q4_1** (the file as is): ours natively on the packed blocks (``LLM(..., quantized=True)``, the default;
-  bf16 and fp32 activations) vs llama.cpp on the same file.
+  fp32 activations with int8 inside the quantized matmuls — the default —, bf16 activations, and fp32 exact:
+  ``activations="exact"``) vs llama.cpp on the same file.
 - **BF16** / **F32**: ours dense (``LLM(q4_1_file, dtype=..., quantized=False)``: dequantized at load) vs
   llama.cpp on the converted file. Same values: the script loads the converted file with our loader and
   prints the max |difference| to ours dequantized from the Q4_1 file (expected 0).
@@ -264,11 +265,13 @@ def main() -> None:
         # Ours per file: Q4_1 native (two activation dtypes), the others dense from the Q4_1 file.
         ours: dict[str, list[Ours]] = {}
         for f in files:
-            configs = [("native, bf16 act.", torch.bfloat16, True),
-                       ("native, fp32 act. (default)", torch.float32, True)] \
-                if f == "q4_1" else [(f"dense {f}", DTYPES['bf16' if f == 'bf16' else 'fp32'], False)]
+            configs = [("native, fp32 act., int8 in the matmuls (default)", torch.float32, True, "auto"),
+                       ("native, bf16 act.", torch.bfloat16, True, "auto"),
+                       ("native, fp32 act., exact", torch.float32, True, "exact")] \
+                if f == "q4_1" else [(f"dense {f}", DTYPES['bf16' if f == 'bf16' else 'fp32'], False, "auto")]
             ours[f] = [Ours(label, mistral_kernels.LLM(model_path, dtype=dt, quantized=q, max_batch=1,
-                                                       prefix_caching=False)) for label, dt, q in configs]
+                                                       prefix_caching=False, activations=act))
+                       for label, dt, q, act in configs]
         llamas = {f: Llama(gguf_files[f]) for f in files}
         first = ours[files[0]][0].llm
         prompt = readme_prompt(first, args.prompt_tokens) if args.prompt_tokens else Prompt(QUESTION, chat=True)

@@ -1,10 +1,13 @@
-"""The accuracy cost of the fast CPU path of a quantized GGUF (bf16 activations, quantized to int8 inside every
-quantized matmul) against the exact one (fp32 activations, fp32 decoding of the blocks): next-token
-distributions along a fixed text, decoded one token at a time (the decode GEMV path: M = 1).
+"""The accuracy cost of the fast CPU paths of a quantized GGUF against the exact one (fp32 activations, fp32
+decoding of the blocks: ``activations="exact"``): the default (fp32 activations rounded to bf16 and quantized to
+int8 inside every quantized matmul, ``activations="auto"``), bf16 activations (int8 inside the matmuls as well,
+the residual stream in bf16), and llama.cpp on the same file (its default: 8-bit activations in every quantized
+matmul) — next-token distributions along a fixed text, decoded one token at a time (the decode GEMV path: M = 1).
 
-    python benchmarks/quant_accuracy.py [--model FILE.gguf] [--tokens 256] [--out FILE]
+    python benchmarks/quant_accuracy.py [--model FILE.gguf] [--tokens 256] [--llama-logits BIN] [--out FILE]
 
-Both runs read the same packed weights (``LLM``'s loader, ``quantized=True``); the fp32 run is the reference.
+``--llama-logits``: benchmarks/native/llama_logits.c built against libllama (its header says how).
+Every run reads the same packed weights (``LLM``'s loader, ``quantized=True``); the exact run is the reference.
 For each position: KL(p_fp32 ‖ p_fast) of the softmax over the vocabulary, whether the argmax agrees, and the
 fp32 reference's own top-1 probability. A third run at the ``generic`` ISA level separates the bf16 rounding
 of the activations from their int8 quantization for the 32-block formats (Q4_0 / Q4_1 / Q8_0: that level
@@ -30,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import bench_parser  # noqa: E402
 
 
-def step_logits(path: Path, dtype: torch.dtype, ids: list[int]) -> torch.Tensor:
+def step_logits(path: Path, dtype: torch.dtype, ids: list[int], activations: str = "auto") -> torch.Tensor:
     """fp32 logits [T, V]: position t's distribution after ids[: t + 1], decoded one token per forward."""
     from mistral_kernels import LLM
     from mistral_kernels.batch import AttentionBatch
 
-    llm = LLM(path, dtype=dtype, max_batch=1)
+    llm = LLM(path, dtype=dtype, max_batch=1, activations=activations)
     model = llm.model
     block = 16
     nblocks = (len(ids) + block - 1) // block
@@ -54,6 +57,21 @@ def text_ids(path: Path, tokens: int) -> list[int]:
     return load_tokenizer(path).encode(text)[:tokens]
 
 
+def llama_logits(binary: Path, path: Path, ids: list[int], threads: int) -> torch.Tensor:
+    """llama.cpp's logits [T, V] along ids, one token per llama_decode (benchmarks/native/llama_logits.c)."""
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    ids_file, out_file = tmp / f"ids_{os.getpid()}.i32", tmp / f"logits_{os.getpid()}.f32"
+    ids_file.write_bytes(torch.tensor(ids, dtype=torch.int32).numpy().tobytes())
+    try:
+        subprocess.run([str(binary), str(path), str(threads), str(ids_file), str(out_file)], check=True,
+                       capture_output=True)
+        flat = torch.frombuffer(bytearray(out_file.read_bytes()), dtype=torch.float32)
+    finally:
+        ids_file.unlink(missing_ok=True)
+        out_file.unlink(missing_ok=True)
+    return flat.view(len(ids), -1)
+
+
 def compare(ref: torch.Tensor, fast: torch.Tensor) -> dict[str, float]:
     lp_ref, lp_fast = ref.log_softmax(-1), fast.log_softmax(-1)
     kl = (lp_ref.exp() * (lp_ref - lp_fast)).sum(-1)
@@ -67,6 +85,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="a GGUF (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-logits", type=Path, default=None,
+                    help="benchmarks/native/llama_logits.c's binary: add llama.cpp's row")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--dump", type=Path, default=None, help=argparse.SUPPRESS)  # the generic-level subprocess
     args = ap.parse_args()
@@ -81,9 +101,14 @@ def main() -> None:
         return
     import mistral_kernels as mk
 
-    ref = step_logits(args.model, torch.float32, ids)
-    fast = step_logits(args.model, torch.bfloat16, ids)
-    rows = {f"bf16 activations + int8 in the quantized matmuls ({mk.cpu_isa()})": compare(ref, fast)}
+    ref = step_logits(args.model, torch.float32, ids, activations="exact")
+    rows = {f"default: fp32 activations, bf16 → int8 inside the quantized matmuls ({mk.cpu_isa()})":
+            compare(ref, step_logits(args.model, torch.float32, ids)),
+            f"bf16 activations + int8 in the quantized matmuls ({mk.cpu_isa()})":
+            compare(ref, step_logits(args.model, torch.bfloat16, ids))}
+    if args.llama_logits is not None:
+        rows["llama.cpp, same file (its default: 8-bit activations in the quantized matmuls)"] = compare(
+            ref, llama_logits(args.llama_logits, args.model, ids, args.threads))
     dump = Path(os.environ.get("TMPDIR", "/tmp")) / f"quant_accuracy_{os.getpid()}.pt"
     env = dict(os.environ, MK_CPU_ISA="generic")
     subprocess.run([sys.executable, __file__, "--model", str(args.model), "--tokens", str(args.tokens),
@@ -92,7 +117,8 @@ def main() -> None:
     dump.unlink()
     lines = [f"Model: `{args.model.name}`; text: README.md's first {len(ids)} tokens, decoded one token at a time; "
              f"reference: fp32 activations (exact path); reference top-1 probability (mean): "
-             f"{ref.softmax(-1).max(-1).values.mean().item():.3f}.", "",
+             f"{ref.softmax(-1).max(-1).values.mean().item():.3f}. Load average at the start: "
+             f"{os.getloadavg()[0]:.1f} (does not change these values).", "",
              "| run vs fp32 | KL mean | KL p99 | KL max | top-1 agreement | max abs logit diff |",
              "|---|---|---|---|---|---|"]
     for name, r in rows.items():

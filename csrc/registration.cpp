@@ -52,11 +52,12 @@ constexpr const char* kCpuOnlySchemas[] = {
     "skinny_linear(Tensor! out, Tensor x, Tensor weight) -> ()",
     // the dense decoder layers of one decode step in one call (csrc/cpu/decode_layers.cpp, decode_step.h);
     // qkv / wo / w13 / w2 hold each layer's matrix as parts: one dense tensor, or packed row groups whose
-    // qlinear format codes (-1: dense) and INT8_ROWWISE scales are qtypes / scales (empty: all dense)
+    // qlinear format codes (-1: dense) and INT8_ROWWISE scales are qtypes / scales (empty: all dense);
+    // quantize_x: fp32 x takes the packed parts' int8-activation paths as bf16 x always does
     "decode_layers(Tensor(a!) x, Tensor(b!) residual, Tensor[] attn_norm, Tensor[] qkv, Tensor[] wo, "
     "Tensor[] ffn_norm, Tensor[] w13, Tensor[] w2, Tensor(c!)[] k_cache, Tensor(d!)[] v_cache, int[] windows, "
     "Tensor positions, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor cos_sin, int n_heads, "
-    "float eps, float scale, bool is_neox, int[] qtypes, Tensor?[] scales) -> ()",
+    "float eps, float scale, bool is_neox, int[] qtypes, Tensor?[] scales, bool quantize_x=False) -> ()",
 };
 
 void define_all(torch::Library& m) {

@@ -22,7 +22,7 @@ from mistral_kernels import ops, reference
 from mistral_kernels.config import ModelConfig
 from mistral_kernels.cpu_decode import FusedCpuDecode
 from mistral_kernels.model import Model
-from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight
+from mistral_kernels.quant_weight import FusedWeight, QuantizedWeight, with_quantized_activations
 from mistral_kernels.checkpoint import load_checkpoint
 
 gguf = pytest.importorskip("gguf")
@@ -49,11 +49,14 @@ def gguf_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return files
 
 
-def _model(files: dict[str, Path], kind: str, dtype: torch.dtype, window: int | None) -> Model:
+def _model(files: dict[str, Path], kind: str, dtype: torch.dtype, window: int | None,
+           quantize_x: bool = False) -> Model:
     """The tiny model of ``kind`` natively packed (INT8: the Q8_0 file requantized per row), with
-    ``window`` as every layer's sliding window."""
+    ``window`` as every layer's sliding window; ``quantize_x``: fp32 x through the int8-activation paths."""
     path = files["Q8_0" if kind == "INT8" else kind]
     config, weights = load_checkpoint(path, dtype=dtype, quantize="int8" if kind == "INT8" else None)
+    if quantize_x:
+        weights = with_quantized_activations(weights)
     return Model(dataclasses.replace(config, sliding_window=window), weights)
 
 
@@ -94,6 +97,57 @@ def test_fused_packed_decode_equals_per_op(gguf_files: dict[str, Path], kind: st
             lens[b] += 1
         for k0, k1 in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):  # the same slots written
             torch.testing.assert_close(k0, k1, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K_M", "INT8"])
+def test_quantize_x_takes_the_int8_paths_of_bf16_x(gguf_files: dict[str, Path], kind: str) -> None:
+    """fp32 activations with quantize_x (the default for a quantized GGUF): the fused step rounds each GEMV input
+    to bf16 and runs the int8-activation paths, as the per-op path does (``qlinear`` on x.bfloat16()); the per-op
+    path also rounds each packed matmul's output to bf16, the fused step keeps it in fp32 — so the two agree to
+    bf16 output rounding, not to fp32 rounding. Against the exact fp32 step they differ by the int8 error."""
+    model = _model(gguf_files, kind, torch.float32, None, quantize_x=True)
+    exact = _model(gguf_files, kind, torch.float32, None)
+    assert model.cpu_decode.matrices.quantize_x and not exact.cpu_decode.matrices.quantize_x
+    g = torch.Generator().manual_seed(6)
+    tables = _tables()
+    caches = prefilled_caches(model, tables, LENGTHS, S, N, g)
+    exact_caches = [type(c)(k=[t.clone() for t in c.k], v=[t.clone() for t in c.v]) for c in caches]
+    tokens = torch.randint(0, CONFIG.vocab_size, (3,), generator=g)
+    got, want = fused_and_per_op_step(model, tokens, tables, list(LENGTHS), [0, 1, 2], S, caches)
+    exact_got, _ = fused_and_per_op_step(exact, tokens, tables, list(LENGTHS), [0, 1, 2], S, exact_caches)
+    scale = want.abs().max()
+    assert want.isfinite().all() and scale > 0.05
+    torch.testing.assert_close(got, want, atol=2e-2 * scale, rtol=0)  # bf16 output rounding (2⁻⁸) per matmul
+    int8_err = (got - exact_got).abs().max()
+    if kind != "INT8":  # INT8_ROWWISE multiplies fp32 x on every path: quantize_x changes nothing there
+        assert int8_err > 1e-4 * scale, "quantize_x had no effect"
+    assert int8_err < 0.1 * scale  # within int8 activation error of the exact step
+
+
+def test_quantize_x_rules(gguf_files: dict[str, Path]) -> None:
+    """One flag per step (mixed raises); fp16 x has no int8 path on the fused step; the load-time rule."""
+    from mistral_kernels.ops.decode import LayerMatrices
+    from mistral_kernels.quant_weight import quantize_x_for
+
+    model = _model(gguf_files, "Q4_K", torch.float32, None, quantize_x=True)
+    exact = _model(gguf_files, "Q4_K", torch.float32, None)
+    ls, ex = model.layers, exact.layers
+    with pytest.raises(ValueError, match="mix quantize_x True and False"):
+        LayerMatrices.of([ly.qkv for ly in ls], [ly.wo for ly in ex], [ly.w13 for ly in ls], [ly.w2 for ly in ls])
+    half = _model(gguf_files, "Q4_K", torch.float16, None)
+    args = _op_args(half, torch.float16, torch.Generator().manual_seed(7))
+    with pytest.raises(RuntimeError, match="quantize_x needs fp32 or bf16 x"):
+        torch.ops.mistral_kernels.decode_layers(*args[:2], args[2], [ly.qkv.qweight for ly in half.layers],
+                                                [ly.wo.qweight for ly in half.layers], *args[5:6],
+                                                [ly.w13.qweight for ly in half.layers],
+                                                [ly.w2.qweight for ly in half.layers], *args[8:],
+                                                [12] * 8, [None] * 8, True)
+    assert quantize_x_for("auto", torch.float32) and not quantize_x_for("auto", torch.bfloat16)
+    assert quantize_x_for("int8", torch.bfloat16) and not quantize_x_for("exact", torch.float32)
+    with pytest.raises(ValueError, match="activations='exact' needs fp32 activations"):
+        quantize_x_for("exact", torch.bfloat16)
+    with pytest.raises(ValueError, match="activations must be one of"):
+        quantize_x_for("fp8", torch.float32)
 
 
 def _op_args(model: Model, dtype: torch.dtype, g: torch.Generator) -> list:

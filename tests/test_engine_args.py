@@ -24,7 +24,7 @@ VALUES: dict[str, Any] = {
     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "enable_prefix_caching": False,
     "enforce_eager": True, "dequantize": True, "quantize": "int8", "check_tensors": True, "tp": 2,
     "moe_parallel": "tensor", "speculative": "draft", "draft_model": "d.gguf", "num_speculative_tokens": 4,
-    "ngram_max": 5, "ngram_min": 1, "speculative_max_batch": 3}
+    "ngram_max": 5, "ngram_min": 1, "speculative_max_batch": 3, "activations": "exact"}
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -72,7 +72,7 @@ def test_defaults_are_llms_and_kwargs_map_every_field() -> None:
     assert full == {"path": "m.gguf", "device": "cuda:1", "dtype": torch.bfloat16, "max_batch": 3,
                     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "tokenizer": "tok.json",
                     "prefix_caching": False, "enforce_eager": True, "quantized": False, "quantize": "int8",
-                    "check_tensors": True,
+                    "check_tensors": True, "activations": "exact",
                     "speculative": SpeculativeConfig(method="draft", num_tokens=4, ngram_max=5, ngram_min=1,
                                                      draft_model="d.gguf", max_batch=3)}
 
@@ -80,6 +80,7 @@ def test_defaults_are_llms_and_kwargs_map_every_field() -> None:
 def test_bad_values_are_parse_errors_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in [(["--max-batch", "0"], "argument --max-batch: max_batch must be ≥ 1, got 0"),
                           (["--dtype", "int4"], "argument --dtype: dtype must be one of"),
+                          (["--activations", "fp8"], "argument --activations: activations must be one of"),
                           (["--num-blocks", "-2"], "argument --num-blocks: num_blocks must be ≥ 1")]:
         with pytest.raises(SystemExit):
             _subparser("serve").parse_args(argv)

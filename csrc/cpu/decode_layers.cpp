@@ -61,7 +61,7 @@ struct Kind {
   int64_t g0;
 };
 void parse_parts(const char* op, const Kind& kd, int64_t L, int64_t N, int64_t K, at::IntArrayRef qtypes,
-                 const c10::List<std::optional<at::Tensor>>& scales, const at::Tensor& x,
+                 const c10::List<std::optional<at::Tensor>>& scales, const at::Tensor& x, bool quantize_x,
                  std::vector<decode_step::Part>& parts, std::vector<std::pair<size_t, int64_t>>& ranges) {
   int64_t j = 0;
   const int64_t n = static_cast<int64_t>(kd.list.size());
@@ -111,7 +111,7 @@ void parse_parts(const char* op, const Kind& kd, int64_t L, int64_t N, int64_t K
                       f.block);
           check::size_eq(op, arg.c_str(), t, 1, K / f.block * f.bytes, "K / QK * bytes per block");
           TORCH_CHECK(!has_scales, op, ": scales[", g, "] must be None for the ", f.name, " ", arg);
-          if (x.scalar_type() == at::kBFloat16)
+          if (x.scalar_type() == at::kBFloat16 || quantize_x)  // fp32 x with quantize_x: as bf16 x
             p.path = static_cast<QPath>(MK_ISA_CALL(quant_bf16_path)(static_cast<int32_t>(qt)));
         }
         TORCH_CHECK(rows + t.size(0) <= N, op, ": the parts of layer ", l, "'s ", kd.name, " have more than its ",
@@ -207,12 +207,14 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
                    const at::Tensor& positions, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                    const at::Tensor& seq_lens, const at::Tensor& cos_sin, int64_t n_heads, double eps,
                    double scale, bool is_neox, at::IntArrayRef qtypes,
-                   const c10::List<std::optional<at::Tensor>>& scales) {
+                   const c10::List<std::optional<at::Tensor>>& scales, bool quantize_x) {
   constexpr const char* op = "decode_layers";
   require_cpu(op, "x", x);
   check::dtype_in(op, "x", x, kFloatTypes);
   check::ndim(op, "x", x, 2, "[M, H]");
   check::contiguous(op, "x", x);
+  TORCH_CHECK(!quantize_x || x.scalar_type() != at::kHalf, op,
+              ": quantize_x needs fp32 or bf16 x (fp16 x runs the exact path); pass quantize_x=False");
   require_cpu(op, "residual", residual);
   check::same_dtype(op, "residual", residual, "x", x);
   TORCH_CHECK(residual.sizes() == x.sizes(), op, ": residual must have the shape of x ", x.sizes(), ", got ",
@@ -274,7 +276,7 @@ void decode_layers(at::Tensor& x, at::Tensor& residual, at::TensorList attn_norm
                          {"w2", w2, g_w2}};
   const int64_t shapes[4][2] = {{Nqkv, H}, {H, n_heads * D}, {2 * I, H}, {H, I}};
   for (int k = 0; k < 4; ++k)
-    parse_parts(op, kinds[k], L, shapes[k][0], shapes[k][1], qtypes, scales, x, parts, ranges[k]);
+    parse_parts(op, kinds[k], L, shapes[k][0], shapes[k][1], qtypes, scales, x, quantize_x, parts, ranges[k]);
   check::index_range_cpu<int64_t>(op, "positions", positions, 0, cos_sin.size(0), "rows of cos_sin");
   check::index_range_cpu<int64_t>(op, "slot_mapping", slot_mapping, -1, N * S, "-1 or a slot < N·S of k_cache");
   for (int64_t w : std::set<int64_t>(windows.begin(), windows.end()))

@@ -207,7 +207,8 @@ struct AttnScratch {
 
 // A thread's copy of one GEMV input x [M, K] in the forms its matrix's packed parts read (quant_gemv, as
 // csrc/cpu/quant.cpp prepares them): fp32 (the fp32 path with bf16 / fp16 x), int8 per 32 (int8 path), chunk
-// sums (bf16 path). Every thread prepares its own copy at the start of the phase: M·K conversions each, done
+// sums (bf16 path); fp32 x on those paths (decode_layers' quantize_x) first rounded to bf16, exactly what a
+// bf16 caller would pass. Every thread prepares its own copy at the start of the phase: M·K conversions each, done
 // redundantly (a few µs per step at SmolLM2 sizes) instead of one thread + one more barrier per matrix; the
 // input is the thread's private norm output or complete after the previous barrier.
 struct XNeeds {
@@ -233,7 +234,9 @@ struct XPrep {
   std::vector<int8_t> xq, xqk;    // int8 per 32, per 256
   std::vector<float> dk;          // int8k: per 256
   std::vector<int16_t> bs;        // int8k: Σ q per 16
+  std::vector<c10::BFloat16> xbf;  // fp32 x on the int8 / bf16 paths: x rounded to bf16 [M, K]
   const T* x = nullptr;  // the input [M, K]
+  const uint16_t* xb = nullptr;  // the int8 / bf16 paths' input: x itself (bf16) or xbf
   int64_t K = 0;
   // all: what any matrix of the step needs; Kmax the widest input, Nmax the most output rows of one call
   XPrep(const XNeeds& all, bool packed, int64_t M, int64_t Kmax, int64_t Nmax) {
@@ -242,13 +245,20 @@ struct XPrep {
     if (all.i8k) xqk.resize(M * Kmax), dk.resize(M * Kmax / 256 + 1), bs.resize(M * Kmax / 16 + 1);
     if (all.bsum) xsum.resize(M * Kmax / 32 + 1);
     if (std::is_same_v<T, c10::Half> && packed) yf.resize(M * Nmax);
+    if (std::is_same_v<T, float> && (all.i8 || all.i8k || all.bsum)) xbf.resize(M * Kmax);
   }
   void prepare(const Kernels& kn, const Mat& w, const T* x_, int64_t M, int64_t K_) {
     x = x_, K = K_;
     const XNeeds nd = x_needs<T>(w);
     if (nd.f32)
       for (int64_t i = 0; i < M * K; ++i) xf[i] = to_f(x[i]);
-    const auto* xb = reinterpret_cast<const uint16_t*>(x);  // int8 / bf16 paths: T is bf16
+    xb = reinterpret_cast<const uint16_t*>(x);  // int8 / bf16 paths: T is bf16, or fp32 rounded to it here
+    if constexpr (std::is_same_v<T, float>) {
+      if (nd.i8 || nd.i8k || nd.bsum) {
+        for (int64_t i = 0; i < M * K; ++i) xbf[i] = from_f<c10::BFloat16>(x[i]);
+        xb = reinterpret_cast<const uint16_t*>(xbf.data());
+      }
+    }
     if (nd.i8) kn.qprep(static_cast<int>(QPath::int8), xb, M, K, xq.data(), dx.data(), xs.data());
     if (nd.i8k) kn.qprep8k(xb, M, K, xqk.data(), dk.data(), bs.data());
     if (nd.bsum) kn.qprep(static_cast<int>(QPath::bf16), xb, M, K, nullptr, xsum.data(), nullptr);
@@ -267,7 +277,7 @@ void part_rows(const Kernels& kn, const Part& p, XPrep<T>& xp, int64_t M, T* y, 
   const float* xf = std::is_same_v<T, float> ? reinterpret_cast<const float*>(xp.x) : xp.xf.data();
   const bool k8 = p.path == QPath::int8k;
   QGemv g{p.path, p.qtype, w, p.scales ? p.scales + la : nullptr, xp.K, M, xf,
-          reinterpret_cast<const uint16_t*>(xp.x), k8 ? xp.xqk.data() : xp.xq.data(),
+          xp.xb, k8 ? xp.xqk.data() : xp.xq.data(),
           k8 ? xp.dk.data() : p.path == QPath::int8 ? xp.dx.data() : xp.xsum.data(),
           xp.xs.data(), std::is_same_v<T, c10::BFloat16>, y, ldy, xp.bs.data()};
   if constexpr (std::is_same_v<T, c10::Half>) {  // fp32 out, then one rounding (qlinear: out.copy_ of fp32)

@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .activations import ACTIVATIONS
 from .dataclass_cli import add_fields, values_from
 from .speculative.config import DEFAULT_MAX_BATCH, METHODS, SpeculativeConfig
 
@@ -51,6 +52,10 @@ class EngineArgs:
                                     "profiling)")
     dequantize: bool = _f(False, "dequantize a GGUF's quantized weights at load into --dtype instead of running "
                                  "them natively on their packed blocks")
+    activations: str = _f("auto", "how fp32 activations enter the quantized matrices' products: auto (default) "
+                                  "= rounded to bf16 and quantized to int8 per block, as llama.cpp does; exact = "
+                                  "fp32 products (slower; needs --dtype float32 or auto on an fp32 model)",
+                          choices=ACTIVATIONS)
     quantize: str | None = _f(None, "quantize every weight matrix at load: int8 = int8 weight-only, one scale per "
                                     "output row", choices=("int8",))
     check_tensors: bool = _f(False, "scan every weight for inf / NaN at load (one pass over the weights; see the "
@@ -76,6 +81,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be ≥ 1, got {value}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {list(ACTIVATIONS)}, got {self.activations!r}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
         if self.moe_parallel not in ("expert", "tensor"):
@@ -120,6 +127,7 @@ class EngineArgs:
                 "max_tokens_per_step": self.max_tokens_per_step, "tokenizer": self.tokenizer,
                 "prefix_caching": self.enable_prefix_caching, "enforce_eager": self.enforce_eager,
                 "quantized": not self.dequantize, "quantize": self.quantize, "check_tensors": self.check_tensors,
+                "activations": self.activations,
                 "speculative": self.speculative_config()}
 
 

@@ -70,6 +70,10 @@ class LLM:
     check_tensors : scan every weight for inf / NaN at load (llama.cpp's ``--check-tensors``; one pass over
         the weights, cost in the README's "Loading" section). Without it non-finite values are still refused
         wherever loading touches every value (conversion, dequantization, quantization, GGUF block scales).
+    activations : how fp32 activations enter the quantized (packed) matrices' products: ``"auto"`` (default)
+        rounds them to bf16 and quantizes them to int8 per block in every packed matmul, as llama.cpp does
+        (the residual stream, norms and attention stay fp32; accuracy in the README's "Quantized models"),
+        ``"exact"`` multiplies them in fp32 with the exactly decoded weights (slower), ``"int8"`` = auto.
     speculative : speculative decoding (:mod:`mistral_kernels.speculative`): a :class:`SpeculativeConfig`, or
         "ngram" for its defaults; None (default) = off. Method "draft" loads ``draft_model`` on the same device,
         in the same dtype, and checks it shares the target's vocabulary (ValueError otherwise).
@@ -81,7 +85,8 @@ class LLM:
                  tokenizer: str | Path | None = None, progress: bool = False,
                  parallel: ParallelContext | None = None, prefix_caching: bool = True,
                  enforce_eager: bool = False, quantized: bool = True, quantize: str | None = None,
-                 check_tensors: bool = False, speculative: SpeculativeConfig | str | None = None) -> None:
+                 check_tensors: bool = False, speculative: SpeculativeConfig | str | None = None,
+                 activations: str = "auto") -> None:
         if path is None:
             from .default_model import default_model_path
 
@@ -104,7 +109,8 @@ class LLM:
                 if warning is not None:
                     warnings.warn(warning, MemoryWarning, stacklevel=2)
             self.model = load_model(ckpt, device=device, dtype=dtype, progress=progress, parallel=parallel,
-                                    quantized=quantized, quantize=quantize, check_tensors=check_tensors)
+                                    quantized=quantized, quantize=quantize, check_tensors=check_tensors,
+                                    activations=activations)
             self.tokenizer: Tokenizer = load_tokenizer(tokenizer if tokenizer is not None else ckpt)
         finally:
             if ckpt is not path:

@@ -14,13 +14,15 @@ import torch
 from .checkpoint import Checkpoint, opened
 from .model import Model
 from .parallel import ParallelContext, ShardedModel
+from .quant_weight import quantize_x_for, with_quantized_activations
 
 __all__ = ["load_model"]
 
 
 def load_model(checkpoint: Checkpoint | str | Path, *, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None, progress: bool = False, parallel: ParallelContext | None = None,
-               quantized: bool = True, quantize: str | None = None, check_tensors: bool = False) -> Model:
+               quantized: bool = True, quantize: str | None = None, check_tensors: bool = False,
+               activations: str = "auto") -> Model:
     """Load an HF directory, a Mistral consolidated directory or a ``.gguf`` file (:mod:`.checkpoint`): an
     open :class:`~mistral_kernels.checkpoint.Checkpoint` (left open) or a path (opened once, closed after).
 
@@ -36,12 +38,16 @@ def load_model(checkpoint: Checkpoint | str | Path, *, device: torch.device | st
     every matrix becomes int8 weight-only (per output row scales). See :mod:`mistral_kernels.checkpoint.packing`.
     With ``parallel`` the weights are dense (a GGUF is dequantized; ``quantize`` is refused).
     ``check_tensors``: also scan every dense weight for inf / NaN (:meth:`Checkpoint.load`).
+    ``activations``: how fp32 activations enter the packed matrices' products
+    (:func:`~mistral_kernels.quant_weight.quantize_x_for`: ``auto`` = int8 per block, as llama.cpp; ``exact``).
     """
     if parallel is not None and quantize is not None:
         raise ValueError("quantize (--quantize) is not supported with tensor parallelism (--tp)")
     with opened(checkpoint) as ckpt:
+        quantize_x = quantize_x_for(activations, dtype if dtype is not None else ckpt.default_dtype(device))
         if parallel is None:
-            return Model(ckpt.config, ckpt.load(device, dtype, progress=progress, quantized=quantized,
-                                                quantize=quantize, check_tensors=check_tensors))
+            weights = ckpt.load(device, dtype, progress=progress, quantized=quantized, quantize=quantize,
+                                check_tensors=check_tensors)
+            return Model(ckpt.config, with_quantized_activations(weights) if quantize_x else weights)
         weights = ckpt.load(device, dtype, progress=progress, shard=parallel.shard, check_tensors=check_tensors)
         return ShardedModel(ckpt.config, weights, parallel)

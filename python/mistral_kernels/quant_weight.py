@@ -20,6 +20,7 @@ H hidden.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,11 +28,12 @@ from typing import Any
 
 import torch
 
+from .activations import ACTIVATIONS
 from .packed_moe import packed_moe
 from .quant_formats import INT8_ROWWISE, QFORMAT_BY_CODE, QFormat, dequantize, weight_nbytes
 
-__all__ = ["FusedWeight", "PackedWeight", "QuantizedWeight", "Weight", "format_names", "quantize_int8",
-           "weight_bytes"]
+__all__ = ["format_names", "FusedWeight", "PackedWeight", "quantize_int8", "quantize_x_for",
+           "QuantizedWeight", "Weight", "weight_bytes", "with_quantized_activations"]
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,16 @@ class QuantizedWeight:
     qweight : GGUF formats: uint8 [.., N, R]; INT8_ROWWISE: int8 [.., N, K]
     qtype : the format's code (:data:`~mistral_kernels.quant_formats.QFORMATS`)
     scales : INT8_ROWWISE only: fp32 [.., N], W[n, k] = qweight[n, k] · scales[n]
+    quantize_x : fp32 x is multiplied as bf16 x is — rounded to bf16, then int8 per block in the kernels that
+        have an int8-activation path (llama.cpp's q8 activations; :func:`with_quantized_activations`); False:
+        exact fp32 products. bf16 x takes those paths either way.
     """
 
     qweight: torch.Tensor
     qtype: int
     shape: tuple[int, ...]
     scales: torch.Tensor | None = None
+    quantize_x: bool = False
 
     def __post_init__(self) -> None:
         f = self.format
@@ -86,6 +92,9 @@ class QuantizedWeight:
         """``x @ W.T``: x [..., K] → [..., N] by ``kernels.qlinear`` (fp32 accumulation, x's dtype)."""
         if len(self.shape) != 2:
             raise ValueError(f"linear: weight must be a matrix [N, K], got an expert stack {list(self.shape)}")
+        if self.quantize_x and x.dtype == torch.float32:  # bf16 in, fp32 out (the fused decode step's rounding)
+            y = kernels.qlinear(x.to(torch.bfloat16), self.qweight, self.qtype, self.scales).to(torch.float32)
+            return y if out is None else out.copy_(y)
         return kernels.qlinear(x, self.qweight, self.qtype, self.scales, out=out)
 
     def expert_linear(self, x: torch.Tensor, offsets: torch.Tensor, kernels: Any) -> torch.Tensor:
@@ -115,14 +124,14 @@ class QuantizedWeight:
         if self.qweight.device == torch.device(device):
             return self
         return QuantizedWeight(self.qweight.to(device), self.qtype, self.shape,
-                               None if self.scales is None else self.scales.to(device))
+                               None if self.scales is None else self.scales.to(device), self.quantize_x)
 
     def __getitem__(self, e: int) -> QuantizedWeight:
         """Expert ``e`` of a stack [E, N, K] → [N, K] (a view, no copy)."""
         if len(self.shape) != 3:
             raise ValueError(f"QuantizedWeight: indexing needs an expert stack [E, N, K], got {list(self.shape)}")
         return QuantizedWeight(self.qweight[e], self.qtype, self.shape[1:],
-                               None if self.scales is None else self.scales[e])
+                               None if self.scales is None else self.scales[e], self.quantize_x)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight [.., N, K] in ``dtype`` (GGUF formats decoded by the ``gguf`` package)."""
@@ -211,3 +220,33 @@ def quantize_int8(w: torch.Tensor, chunk_rows: int = 4096) -> QuantizedWeight:
         scales[a:a + chunk_rows] = s
         q[a:a + chunk_rows] = torch.round(w32 / torch.where(s > 0, s, 1.0).unsqueeze(-1)).clamp_(-127, 127)
     return QuantizedWeight(q.view(w.shape), INT8_ROWWISE, tuple(w.shape), scales.view(w.shape[:-1]))
+
+
+
+def quantize_x_for(activations: str, dtype: torch.dtype) -> bool:
+    """Whether packed matrices get ``quantize_x`` (:func:`with_quantized_activations`), from the activations
+    choice and the model's activation dtype: ``auto`` — yes for fp32 activations (llama.cpp's default: 8-bit
+    activations in every quantized matmul, the residual stream and attention in full precision), ``int8`` —
+    yes, ``exact`` — no: fp32 products of the exactly decoded weights, which needs fp32 activations (bf16 / fp16
+    x take the int8 paths where a kernel has them)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {list(ACTIVATIONS)}, got {activations!r}")
+    if activations == "exact" and dtype != torch.float32:
+        raise ValueError(f"activations='exact' needs fp32 activations (dtype float32), got {dtype}; "
+                         "use --dtype float32 or activations='auto'")
+    return activations == "int8" or (activations == "auto" and dtype == torch.float32)
+
+
+def with_quantized_activations(weights: dict[str, Any]) -> dict[str, Any]:
+    """The same weights with every packed matrix [N, K] (a :class:`QuantizedWeight` or the parts of a
+    :class:`FusedWeight`) set to ``quantize_x``: fp32 activations enter its products as bf16, quantized to int8
+    per block where the kernel has that path — what llama.cpp does in every quantized matmul, and what bf16
+    activations get anyway. Expert stacks and dense tensors are returned as they are (MoE experts keep exact
+    fp32 products)."""
+    def flagged(w: Any) -> Any:
+        if isinstance(w, QuantizedWeight) and len(w.shape) == 2:
+            return dataclasses.replace(w, quantize_x=True)
+        if isinstance(w, FusedWeight):
+            return FusedWeight(tuple(dataclasses.replace(p, quantize_x=True) for p in w.parts))
+        return w
+    return {name: flagged(w) for name, w in weights.items()}

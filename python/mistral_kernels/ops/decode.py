@@ -30,6 +30,7 @@ class RowGroup(Protocol):
     qtype: int
     scales: torch.Tensor | None
     shape: tuple[int, ...]
+    quantize_x: bool
 
 
 class PackedMatrix(Protocol):
@@ -46,7 +47,8 @@ class LayerMatrices:
     """qkv, wo, w13, w2 of L layers in the op's form: per kind a flat list of *parts*, layer after layer (a
     dense matrix is one part; a packed one its row groups, one per format run), and per part (qkv parts, then
     wo, w13, w2) its qlinear format code (-1: dense) and INT8_ROWWISE scales. ``qtypes`` / ``scales`` are empty
-    when every matrix is dense. Build once with :meth:`of` (the fused decode step keeps one)."""
+    when every matrix is dense. ``quantize_x``: the packed parts' common ``quantize_x`` (fp32 x through their
+    int8-activation paths). Build once with :meth:`of` (the fused decode step keeps one)."""
 
     qkv: list[torch.Tensor]
     wo: list[torch.Tensor]
@@ -54,6 +56,7 @@ class LayerMatrices:
     w2: list[torch.Tensor]
     qtypes: list[int]
     scales: list[torch.Tensor | None]
+    quantize_x: bool = False
 
     @classmethod
     def of(cls, qkv: Sequence[Matrix], wo: Sequence[Matrix], w13: Sequence[Matrix],
@@ -64,6 +67,7 @@ class LayerMatrices:
         lists: list[list[torch.Tensor]] = []
         qtypes: list[int] = []
         scales: list[torch.Tensor | None] = []
+        flags: set[bool] = set()
         for name, mats in (("qkv", qkv), ("wo", wo), ("w13", w13), ("w2", w2)):
             parts: list[torch.Tensor] = []
             for layer, w in enumerate(mats):
@@ -82,10 +86,14 @@ class LayerMatrices:
                     parts.append(g.qweight)
                     qtypes.append(g.qtype)
                     scales.append(g.scales)
+                    flags.add(bool(g.quantize_x))
             lists.append(parts)
+        if len(flags) > 1:
+            raise ValueError("decode_layers: the packed matrices mix quantize_x True and False; one step "
+                             "multiplies fp32 x one way (mistral_kernels.quant_weight.with_quantized_activations)")
         if all(q == DENSE for q in qtypes):
             qtypes, scales = [], []
-        return cls(*lists, qtypes=qtypes, scales=scales)
+        return cls(*lists, qtypes=qtypes, scales=scales, quantize_x=flags == {True})
 
 
 def decode_layers(x: torch.Tensor, residual: torch.Tensor, attn_norm: Sequence[torch.Tensor],
@@ -131,4 +139,5 @@ def decode_layers_prepared(x: torch.Tensor, residual: torch.Tensor, attn_norm: S
     m = matrices
     _decode_layers(x, residual, list(attn_norm), m.qkv, m.wo, list(ffn_norm), m.w13, m.w2, list(k_cache),
                    list(v_cache), [int(w) for w in windows], positions, slot_mapping, block_tables, seq_lens,
-                   cos_sin, int(n_heads), float(eps), float(scale), bool(is_neox), m.qtypes, m.scales)
+                   cos_sin, int(n_heads), float(eps), float(scale), bool(is_neox), m.qtypes, m.scales,
+                   m.quantize_x)
