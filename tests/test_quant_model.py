@@ -47,7 +47,7 @@ def _formats(model: Model) -> set[str]:
 
 
 def _check_native_matches_dequantized(path: Path) -> Model:
-    native = load_model(path, dtype=torch.float32)
+    native = load_model(path, dtype=torch.float32, activations="exact")  # the exact native path
     dense = load_model(path, dtype=torch.float32, quantized=False)
     assert not _formats(dense)
     expected = dense.logits(IDS)
@@ -135,8 +135,8 @@ def test_int8_close_to_dense(tmp_path: Path) -> None:
     this model's logits (std ≈ 0.32) move by ≈ 0.06 std at most (measured 0.0195): bound 0.1 std. (Its logits
     are nearly flat, so greedy tokens are compared in the native-vs-dequantized tests, not here.)"""
     path = _hf(tmp_path)
-    dense = load_model(path, dtype=torch.float32)
-    int8 = load_model(path, dtype=torch.float32, quantize="int8")
+    dense = load_model(path, dtype=torch.float32, activations="exact")
+    int8 = load_model(path, dtype=torch.float32, quantize="int8", activations="exact")
     expected = dense.logits(IDS)
     got = int8.logits(IDS)
     torch.testing.assert_close(got, expected, atol=0.1 * expected.std().item(), rtol=0)

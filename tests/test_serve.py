@@ -85,7 +85,7 @@ def subprocess_server() -> Iterator[tuple[subprocess.Popen[str], str]]:
 
 @pytest.fixture(scope="module")
 def live(subprocess_server: tuple[subprocess.Popen[str], str]) -> Iterator[Live]:
-    llm = LLM(_model_path(), max_batch=16, num_blocks=NUM_BLOCKS)
+    llm = LLM(_model_path(), max_batch=16, num_blocks=NUM_BLOCKS, activations="exact")  # exact activations: the parity / batching invariants under test hold for the exact path
     system, user = CHAT[0]["content"], CHAT[1]["content"]
     chat_ref = llm.generate([user], system=system, chat=True, max_new_tokens=24)[0]
     many_ref = llm.generate(MANY, chat=True, max_new_tokens=max(MANY_MAX))

@@ -46,7 +46,7 @@ FORMATS = {"json_object": {"type": "json_object"},
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
-    llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=128)
+    llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=128, activations="exact")  # exact activations: the parity / batching invariants under test hold for the exact path
     with serve_in_thread(llm, NAME) as url:
         yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
 

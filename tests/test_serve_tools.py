@@ -48,7 +48,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
-    llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=128)
+    llm = LLM(default_model_or_skip(), max_batch=8, num_blocks=128, activations="exact")  # exact activations: the parity / batching invariants under test hold for the exact path
     with serve_in_thread(llm, NAME) as url:
         yield Live(llm, openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0))
 
@@ -160,7 +160,8 @@ def test_auto_either_calls_validly_or_answers(live: Live) -> None:
 
 
 def test_llm_chat_returns_parsed_calls() -> None:
-    llm = LLM(default_model_or_skip(), max_batch=2, num_blocks=32)  # its own: the server's engine runs in its thread
+    # its own: the server's engine runs in its thread; exact activations as above
+    llm = LLM(default_model_or_skip(), max_batch=2, num_blocks=32, activations="exact")
     reply = llm.chat(MESSAGES, tools=TOOLS, tool_choice="get_weather", parallel_tool_calls=False,
                           max_new_tokens=80, temperature=1.0, seed=7)
     assert reply.finish_reason == "tool_calls" and [c.name for c in reply.tool_calls] == ["get_weather"]

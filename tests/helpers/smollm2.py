@@ -33,7 +33,8 @@ def reference(gguf_path: Path) -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def ours(gguf_path: Path) -> Model:
-    return load_model(gguf_path, progress=False)
+    # exact activations: transformers parity (docs/design.md §5) and batching invariants hold for the exact path
+    return load_model(gguf_path, progress=False, activations="exact")
 
 
 @pytest.fixture(scope="session")
