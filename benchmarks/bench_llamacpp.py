@@ -294,8 +294,9 @@ def main() -> None:
                 lc = llamas[f]
                 run_llama(args.llama_bin, lc, prompt_text, len(prompt_ids), args.new_tokens, args.threads, nbytes, bw,
                           completion=not args.no_completion)
-                print(f"  llama.cpp {f}: pp {lc.pp[-1]:.1f}, tg {lc.tg[-1]:.1f}, completion prompt "
-                      f"{lc.completion_prompt[-1]:.1f} decode {lc.completion_decode[-1]:.1f} tok/s", flush=True)
+                completion = (f", completion prompt {lc.completion_prompt[-1]:.1f} decode "
+                              f"{lc.completion_decode[-1]:.1f}" if lc.completion_decode else "")
+                print(f"  llama.cpp {f}: pp {lc.pp[-1]:.1f}, tg {lc.tg[-1]:.1f}{completion} tok/s", flush=True)
         bws.append(copy_bandwidth_gbs())
         load_end = _load()
         ended = datetime.datetime.now(datetime.timezone.utc)
