@@ -23,7 +23,7 @@ for level in $levels; do
   start=$(date +%s)
   MK_CPU_ISA=$level "$PY" -m pytest -q -p no:cacheprovider tests/test_norm.py tests/test_rope.py tests/test_linear.py \
     tests/test_attention.py tests/test_moe.py tests/test_moe_expert_ffn.py tests/test_cpu_decode.py \
-    tests/test_quant_linear.py tests/test_moe_qgemm.py \
+    tests/test_quant_linear.py tests/test_moe_qgemm.py tests/test_cpu_decode_packed.py \
     -k "(cpu or linear) and not large and not transformers"
   echo "[isa] $level: op tests took $(( $(date +%s) - start )) s" >&2
 done
