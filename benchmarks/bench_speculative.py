@@ -1,17 +1,19 @@
 """Speculative decoding on the CPU: decode tok/s and acceptance, speculative vs plain, and the verify-step
-cost model behind ``SpeculativeConfig.max_batch``.
+cost table behind the adaptive rule (``mistral_kernels.speculative.cost``).
 
-    python benchmarks/bench_speculative.py [--rounds 3] [--new-tokens 128] [--ks 2,3,5] [--gguf7b PATH]
+    python benchmarks/bench_speculative.py [--rounds 3] [--new-tokens 128] [--ks 3] [--gguf7b PATH]
                                            [--out benchmarks/results/cpu_speculative.md]
 
 One process, one loaded model (the default SmolLM2-135M-Instruct Q4_1 GGUF, its checkpoint dtype), engines on
 it with and without speculation, rounds interleaved (plain, speculative, plain, ...), medians reported:
 
 (a) input-grounded: "copy this text word for word" (a ~100-token passage; the chat model mostly copies,
-    sometimes shortens), greedy, n-gram proposals of k = each of --ks at batch 1, the default k at batch 2
-    (a different passage each);
+    sometimes shortens), greedy, n-gram proposals of at most k = each of --ks at batch 1 — adaptive (the
+    default: k per request from its acceptance and the row cost measured when the engine starts) and fixed k
+    (``adaptive=False``) — and adaptive at the default k at batch 2 (a different passage each);
 (b) all proposals rejected: open generation with a proposer that always proposes a token the model never
-    picks — the verify overhead with the default backoff, and without backoff (every step verifies);
+    picks — the verify overhead with adaptive speculation (the default), and with a fixed k (every step
+    verifies);
 (c) cost model: one fused decode step of B sequences × (k+1) verify rows vs one of B rows (plain), B = 1 … 8,
     k = 1 … 8 — the ratio a verify step must beat with its accepted tokens;
 (d) with --gguf7b: the same ratio at B = 1 on the 7B-shaped GGUF (random weights: no acceptance figure).
@@ -142,7 +144,7 @@ def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--ks", default="2,3,5", help="proposals per step (num_speculative_tokens) to compare in (a)")
+    ap.add_argument("--ks", default="3", help="proposals per step (num_speculative_tokens) to compare in (a)")
     ap.add_argument("--gguf7b", type=Path, default=None, help="the 7B-shaped GGUF for the cost ratio (d)")
     ap.add_argument("--reps", type=int, default=7, help="timed forwards per cost-model cell")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here")
@@ -163,32 +165,44 @@ def main() -> None:
     rows = []
     ks = [int(k) for k in args.ks.split(",")]
     default_k = SpeculativeConfig().num_tokens
+    measured: list[float] = []
     for batch, kk in ((1, ks), (2, [default_k])):
         jobs = [(grounded[i], params) for i in range(batch)]
-        engines = {"plain": engine(None)} | {f"k={k}": engine(SpeculativeConfig(num_tokens=k)) for k in kk}
-        res = compare(engines, jobs, args.rounds)
+        engines = {"plain": engine(None)}
         for k in kk:
-            got = res[f"k={k}"]
-            rows.append([f"(a) copy a passage, batch {batch}, k={k}", res["plain"][0], got[0],
-                         got[0] / res["plain"][0], f"{got[1]:.1%}"])
-            print(rows[-1], flush=True)
+            engines[f"adaptive k≤{k}"] = engine(SpeculativeConfig(num_tokens=k))
+            measured.append(engines[f"adaptive k≤{k}"].speculative_cost.row_cost)
+            if batch == 1:
+                engines[f"fixed k={k}"] = engine(SpeculativeConfig(num_tokens=k, adaptive=False))
+        res = compare(engines, jobs, args.rounds)
+        for name in engines:
+            if name != "plain":
+                got = res[name]
+                rows.append([f"(a) copy a passage, batch {batch}, {name}", res["plain"][0], got[0],
+                             got[0] / res["plain"][0], f"{got[1]:.1%}"])
+                print(rows[-1], flush=True)
     wrong = NeverRight(model.config.vocab_size - 1)
     jobs = [(llm.prompt_ids(OPEN[0], chat=True), SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))]
     engines_b = {"plain": engine(None),
-                 "backoff": engine(SpeculativeConfig(method="draft", draft_model="-"), wrong),
-                 "always": engine(SpeculativeConfig(method="draft", draft_model="-", backoff=0), wrong)}
+                 "adaptive": engine(SpeculativeConfig(method="draft", draft_model="-"), wrong),
+                 "fixed": engine(SpeculativeConfig(method="draft", draft_model="-", adaptive=False), wrong)}
+    rho_b = engines_b["adaptive"].speculative_cost.row_cost
+    measured.append(rho_b)
     res = compare(engines_b, jobs, args.rounds)
-    for name, label in (("backoff", "(b) all rejected, default backoff"), ("always", "(b) all rejected, no backoff")):
+    for name, label in (("adaptive", f"(b) all rejected, adaptive k≤{default_k}"),
+                        ("fixed", f"(b) all rejected, fixed k={default_k}")):
         rows.append([label, res["plain"][0], res[name][0], res[name][0] / res["plain"][0], f"{res[name][1]:.1%}"])
         print(rows[-1], flush=True)
-    backed = engines_b["backoff"].stats  # the last round's counts (the same every round: greedy, fixed proposer)
-    b_note = (f"(b) with the default backoff the request verified in {backed.spec_verify_steps} of "
-              f"{backed.steps - 1} decode steps ({backed.spec_proposed_tokens} proposed tokens: one at a time after "
-              "the first rejection); with the cost model below (k=1: ×{k1:.2f} a plain step at B=1) that is "
-              "{model:.1%} more decode time: the overhead the cost model predicts (the measured medians of (b) move by "
-              "more than that from round to round on the shared machine).")
+    backed = engines_b["adaptive"].stats  # the last round's counts (the same every round: greedy, fixed proposer)
+    decode_steps = backed.steps - 1
+    b_note = (f"(b) adaptive: the request verified in {backed.spec_verify_steps} of {decode_steps} decode steps "
+              f"({backed.spec_proposed_tokens} proposed tokens: {default_k} in its first verify step, then probes of "
+              f"one); at the row cost its engine measured at start (ρ = {rho_b:.2f}) that is "
+              f"{backed.spec_proposed_tokens * rho_b / decode_steps:.1%} more decode time: the overhead the cost "
+              "model predicts. Row costs measured by the engines of this run at their start: "
+              + ", ".join(f"{r:.2f}" for r in measured) + ".")
     out += [f"SmolLM2-135M-Instruct Q4_1 (native packed kernels, {model.dtype}), CPU, {torch.get_num_threads()} "
-            f"threads; greedy, {args.new_tokens} new tokens, n-gram proposals (n 4 … 2; (b): k = {default_k}), "
+            f"threads; greedy, {args.new_tokens} new tokens, n-gram proposals (n 4 … 2), "
             f"median of {args.rounds} interleaved rounds; outputs checked identical to plain decoding.", "",
             markdown_table(["task", "plain decode tok/s", "speculative decode tok/s", "speed-up", "accepted"], rows), ""]
 
@@ -198,8 +212,7 @@ def main() -> None:
             "B rows (fused CPU decode step up to 16 rows, per-op decode path above).", "",
             markdown_table(["B", "plain step ms", *[f"k={k}" for k in cks]], cost), ""]
     print(cost, flush=True)
-    k1 = cost[0][2]
-    out += [b_note.format(k1=k1, model=backed.spec_verify_steps * (k1 - 1) / (backed.steps - 1)), ""]
+    out += [b_note, ""]
     if args.gguf7b is not None:
         big = mistral_kernels.LLM(args.gguf7b, num_blocks=64, max_batch=1)
         ks7 = [1, 2, 4, 8]

@@ -266,3 +266,24 @@ def test_masked_distribution_equals_plain_sampling(tiny_model, method: str) -> N
                                  ignore_eos=True)) for i in range(N)])
     p_free, _ = chi_square_p(plain, Counter(tuple(c.token_ids[1:3]) for c in free))
     assert p_free < 1e-3
+
+
+def test_allowed_prefix_agrees_with_the_masks_along_the_proposals() -> None:
+    """allowed_prefix (llguidance's token validation) equals the first proposal whose row mask (computed along
+    the proposals) forbids it — two different paths through the matcher; the state is left as it was."""
+    from mistral_kernels.structured.grammar import GrammarCompiler
+
+    rng = random.Random(0)
+    compiler = GrammarCompiler(TOK, 50, [49])
+    for pattern in ("ab+c", "[a-c]+( [d-f]+)*", "(abc|abd)e"):
+        state = compiler.state(Regex(pattern))
+        for _ in range(60):
+            # no EOS among them: the mask rows after an EOS are all-allowed (never read), not a grammar's verdict
+            proposed = [rng.choice(TOK.encode("abcdef x")) for _ in range(rng.randrange(1, 7))]
+            masks = state.masks_for_proposals(proposed)
+            first_bad = next((j for j, t in enumerate(proposed) if not (int(masks[j, t // 32]) >> (t % 32)) & 1),
+                             len(proposed))
+            assert state.allowed_prefix(proposed) == first_bad, (pattern, proposed)
+        row = torch.empty(2, dtype=torch.int32)
+        state.fill(row)
+        assert bool((row == compiler.state(Regex(pattern)).masks_for_proposals([])[0]).all())
