@@ -215,11 +215,13 @@ N = 1500
 
 
 class SkewedDraft:
-    """Proposes tokens drawn from a fixed q, most mass on token 0 ('a'), which the grammar forbids as the 1st and
-    2nd token: such a proposal stays in the draft and its row rejects it."""
+    """Proposes tokens drawn from a fixed q: half its mass on token 0 ('a'), which the grammar forbids as the 1st
+    and 2nd token (such a proposal stays in the draft and its row rejects it), half on 'b' … 'e', which it allows
+    there — so the residual a rejected row redraws from is far from the masked p (cutting the forbidden
+    proposal off instead, and sampling that row from p, would bias the distribution)."""
 
     def __init__(self) -> None:
-        self.q = torch.tensor([0.55] + [0.45 / 7] * 7)
+        self.q = torch.tensor([0.5, 0.125, 0.125, 0.125, 0.125, 0.0, 0.0, 0.0])
         self.gen = torch.Generator().manual_seed(17)
 
     def propose(self, requests, k):

@@ -90,8 +90,8 @@ class Speculator:
         most = self.config.max_rows // len(decoding) - 1
         asking, ks = [], []
         for r in decoding:
-            k = min(self.config.num_tokens, most, r.params.max_new_tokens - len(r.output_ids) - 1,  # type: ignore[operator]
-                    self.max_position - r.num_tokens)
+            left = r.params.max_new_tokens - len(r.output_ids) - 1  # type: ignore[operator]
+            k = min(self.config.num_tokens, most, left, self.max_position - r.num_tokens)
             if k > 0 and self.cost is not None and self.config.adaptive:
                 k = self._adapted(self.cost, r.rid, k, len(decoding))
             if k > 0:
