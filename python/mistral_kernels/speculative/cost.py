@@ -23,7 +23,8 @@ verifies k proposals makes the step bring B − 1 + E(k) tokens in 1 + ρ(B − 
 1 + ρ(B − 1) plain. :meth:`CostModel.best_k` picks the k ≤ k_max with the most tokens per time, 0 (plain decode
 for that request) unless some k beats plain strictly. A request at k = 0 *probes*: after
 :meth:`CostModel.probe_interval` plain steps it proposes one token, whose outcome updates α; the interval
-I = ⌈ρ / :data:`PROBE_SHARE`⌉ makes a probe row cost at most 2 % of the plain steps around it.
+I = ⌈ρ / :data:`PROBE_SHARE`⌉ makes a probe row cost at most 2 % of the plain steps around it. Only the
+target's rows are counted: a draft model's own forwards are not (with a draft model the rule is optimistic).
 
 Worked example (ρ = 0.7, a 135M model on an idle 2-core CPU; B = 1): α = 0.6 → E(1)/1.7 = 0.94, E(2)/2.4 =
 0.82 … all below 1: plain decode, a probe every ⌈0.7 / 0.02⌉ = 35 steps. α = 0.9 → E(1)/1.7 = 1.12,
