@@ -1,17 +1,19 @@
 """Speculative decoding on the CPU: decode tok/s and acceptance, speculative vs plain, and the verify-step
-cost model behind ``SpeculativeConfig.max_batch``.
+cost table behind the adaptive rule (``mistral_kernels.speculative.cost``).
 
-    python benchmarks/bench_speculative.py [--rounds 3] [--new-tokens 128] [--ks 2,3,5] [--gguf7b PATH]
+    python benchmarks/bench_speculative.py [--rounds 3] [--new-tokens 128] [--ks 3] [--gguf7b PATH]
                                            [--out benchmarks/results/cpu_speculative.md]
 
 One process, one loaded model (the default SmolLM2-135M-Instruct Q4_1 GGUF, its checkpoint dtype), engines on
 it with and without speculation, rounds interleaved (plain, speculative, plain, ...), medians reported:
 
 (a) input-grounded: "copy this text word for word" (a ~100-token passage; the chat model mostly copies,
-    sometimes shortens), greedy, n-gram proposals of k = each of --ks at batch 1, the default k at batch 2
-    (a different passage each);
+    sometimes shortens), greedy, n-gram proposals of at most k = each of --ks at batch 1 — adaptive (the
+    default: k per request from its acceptance and the row cost measured when the engine starts) and fixed k
+    (``adaptive=False``) — and adaptive at the default k at batch 2 (a different passage each);
 (b) all proposals rejected: open generation with a proposer that always proposes a token the model never
-    picks — the verify overhead with the default backoff, and without backoff (every step verifies);
+    picks — the verify overhead with adaptive speculation (the default), and with a fixed k (every step
+    verifies);
 (c) cost model: one fused decode step of B sequences × (k+1) verify rows vs one of B rows (plain), B = 1 … 8,
     k = 1 … 8 — the ratio a verify step must beat with its accepted tokens;
 (d) with --gguf7b: the same ratio at B = 1 on the 7B-shaped GGUF (random weights: no acceptance figure).
@@ -80,29 +82,45 @@ class NeverRight:
         return None
 
 
-def decode_run(engine: Engine, jobs: list) -> tuple[float, float, list[list[int]]]:
-    """(decode tok/s, acceptance rate, outputs) of one generate call on a fresh stats counter."""
+def decode_run(engine: Engine, jobs: list) -> tuple[float, float, float, list[list[int]]]:
+    """(decode tok/s, acceptance rate, process CPU seconds of the whole call, outputs) of one generate call on a
+    fresh stats counter."""
     engine.stats = EngineStats()
+    cpu = time.process_time()
     done = engine.generate(jobs)
+    cpu = time.process_time() - cpu
     s = engine.stats
-    return s.decode_tok_per_s, s.spec_acceptance_rate, [c.token_ids for c in done]
+    return s.decode_tok_per_s, s.spec_acceptance_rate, cpu, [c.token_ids for c in done]
 
 
-def compare(engines: dict[str, Engine], jobs: list, rounds: int) -> dict[str, tuple[float, float]]:
-    """Median decode tok/s and acceptance per engine over interleaved rounds; outputs must agree."""
+def compare(engines: dict[str, Engine], jobs: list,
+            rounds: int) -> dict[str, tuple[float, float, list[float], list[float]]]:
+    """Per engine over interleaved rounds: median decode tok/s, median acceptance, its per-round tok/s ratios to
+    the first engine's (the plain one, run first in each round), and per round the plain run's process CPU
+    seconds / this engine's (whole calls: less sensitive to other jobs than wall time); outputs must agree."""
     tps: dict[str, list[float]] = {k: [] for k in engines}
     acc: dict[str, list[float]] = {k: [] for k in engines}
+    cpu: dict[str, list[float]] = {k: [] for k in engines}
     ref = None
     for _ in range(rounds):
         for name, engine in engines.items():
-            t, a, out = decode_run(engine, jobs)
+            t, a, c, out = decode_run(engine, jobs)
             tps[name].append(t)
             acc[name].append(a)
+            cpu[name].append(c)
             if ref is None:
                 ref = out
             elif out != ref:
                 raise RuntimeError(f"{name}: greedy outputs differ from plain decoding")
-    return {k: (statistics.median(tps[k]), statistics.median(acc[k])) for k in engines}
+    base = tps[next(iter(engines))]
+    first = cpu[next(iter(engines))]
+    return {k: (statistics.median(tps[k]), statistics.median(acc[k]), [t / b for t, b in zip(tps[k], base)],
+                [b / c for b, c in zip(first, cpu[k])]) for k in engines}
+
+
+def ratio_cells(ratios: list[float]) -> list[object]:
+    """The median of the per-round ratios and their range."""
+    return [statistics.median(ratios), f"{min(ratios):.2f}–{max(ratios):.2f}"]
 
 
 def step_cost(model, cache, batch: int, rows: int, reps: int) -> float:
@@ -142,10 +160,11 @@ def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--ks", default="2,3,5", help="proposals per step (num_speculative_tokens) to compare in (a)")
+    ap.add_argument("--ks", default="3", help="proposals per step (num_speculative_tokens) to compare in (a)")
     ap.add_argument("--gguf7b", type=Path, default=None, help="the 7B-shaped GGUF for the cost ratio (d)")
     ap.add_argument("--reps", type=int, default=7, help="timed forwards per cost-model cell")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here")
+    ap.add_argument("--parts", default="abc", help="which of (a), (b), (c) to run (default all: abc)")
     args = ap.parse_args()
 
     load_before = os.getloadavg()
@@ -163,43 +182,64 @@ def main() -> None:
     rows = []
     ks = [int(k) for k in args.ks.split(",")]
     default_k = SpeculativeConfig().num_tokens
-    for batch, kk in ((1, ks), (2, [default_k])):
+    measured: list[float] = []
+    for batch, kk in ((1, ks), (2, [default_k])) if "a" in args.parts else ():
         jobs = [(grounded[i], params) for i in range(batch)]
-        engines = {"plain": engine(None)} | {f"k={k}": engine(SpeculativeConfig(num_tokens=k)) for k in kk}
-        res = compare(engines, jobs, args.rounds)
+        engines = {"plain": engine(None)}
         for k in kk:
-            got = res[f"k={k}"]
-            rows.append([f"(a) copy a passage, batch {batch}, k={k}", res["plain"][0], got[0],
-                         got[0] / res["plain"][0], f"{got[1]:.1%}"])
+            engines[f"adaptive k≤{k}"] = engine(SpeculativeConfig(num_tokens=k))
+            measured.append(engines[f"adaptive k≤{k}"].speculative_cost.row_cost)
+            if batch == 1:
+                engines[f"fixed k={k}"] = engine(SpeculativeConfig(num_tokens=k, adaptive=False))
+        res = compare(engines, jobs, args.rounds)
+        for name in engines:
+            if name != "plain":
+                got = res[name]
+                rows.append([f"(a) copy a passage, batch {batch}, {name}", res["plain"][0], got[0],
+                             *ratio_cells(got[2]), f"{got[1]:.1%}"])
+                print(rows[-1], flush=True)
+    b_note = ""
+    if "b" in args.parts:
+        wrong = NeverRight(model.config.vocab_size - 1)
+        jobs = [(llm.prompt_ids(OPEN[0], chat=True), SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))]
+        engines_b = {"plain": engine(None),
+                     "adaptive": engine(SpeculativeConfig(method="draft", draft_model="-"), wrong),
+                     "fixed": engine(SpeculativeConfig(method="draft", draft_model="-", adaptive=False), wrong)}
+        rho_b = engines_b["adaptive"].speculative_cost.row_cost
+        measured.append(rho_b)
+        res = compare(engines_b, jobs, args.rounds)
+        for name, label in (("adaptive", f"(b) all rejected, adaptive k≤{default_k}"),
+                            ("fixed", f"(b) all rejected, fixed k={default_k}")):
+            rows.append([label, res["plain"][0], res[name][0], *ratio_cells(res[name][2]), f"{res[name][1]:.1%}"])
             print(rows[-1], flush=True)
-    wrong = NeverRight(model.config.vocab_size - 1)
-    jobs = [(llm.prompt_ids(OPEN[0], chat=True), SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))]
-    engines_b = {"plain": engine(None),
-                 "backoff": engine(SpeculativeConfig(method="draft", draft_model="-"), wrong),
-                 "always": engine(SpeculativeConfig(method="draft", draft_model="-", backoff=0), wrong)}
-    res = compare(engines_b, jobs, args.rounds)
-    for name, label in (("backoff", "(b) all rejected, default backoff"), ("always", "(b) all rejected, no backoff")):
-        rows.append([label, res["plain"][0], res[name][0], res[name][0] / res["plain"][0], f"{res[name][1]:.1%}"])
-        print(rows[-1], flush=True)
-    backed = engines_b["backoff"].stats  # the last round's counts (the same every round: greedy, fixed proposer)
-    b_note = (f"(b) with the default backoff the request verified in {backed.spec_verify_steps} of "
-              f"{backed.steps - 1} decode steps ({backed.spec_proposed_tokens} proposed tokens: one at a time after "
-              "the first rejection); with the cost model below (k=1: ×{k1:.2f} a plain step at B=1) that is "
-              "{model:.1%} more decode time: the overhead the cost model predicts (the measured medians of (b) move by "
-              "more than that from round to round on the shared machine).")
-    out += [f"SmolLM2-135M-Instruct Q4_1 (native packed kernels, {model.dtype}), CPU, {torch.get_num_threads()} "
-            f"threads; greedy, {args.new_tokens} new tokens, n-gram proposals (n 4 … 2; (b): k = {default_k}), "
-            f"median of {args.rounds} interleaved rounds; outputs checked identical to plain decoding.", "",
-            markdown_table(["task", "plain decode tok/s", "speculative decode tok/s", "speed-up", "accepted"], rows), ""]
+        backed = engines_b["adaptive"].stats  # the last round's counts (the same every round: greedy, fixed proposer)
+        decode_steps = backed.steps - 1
+        b_note = (f"(b) adaptive: the request verified in {backed.spec_verify_steps} of {decode_steps} decode steps "
+                  f"({backed.spec_proposed_tokens} proposed tokens: {default_k} in its first verify step, then "
+                  f"probes of one); at the row cost its engine measured at start (ρ = {rho_b:.2f}) that is "
+                  f"{backed.spec_proposed_tokens * rho_b / decode_steps:.1%} more decode time: the overhead the cost "
+                  "model predicts. Row costs measured by the engines of this run at their start: "
+                  + ", ".join(f"{r:.2f}" for r in measured) + ". Process CPU time (whole calls), plain / adaptive: "
+                  "median {:.3f} (range {:.2f}–{:.2f}); plain / fixed: median {:.3f}.".format(
+                      statistics.median(res["adaptive"][3]), min(res["adaptive"][3]), max(res["adaptive"][3]),
+                      statistics.median(res["fixed"][3])))
 
-    cks = [1, 2, 3, 4, 6, 8]
-    cost = cost_table(model, [1, 2, 4, 8], cks, args.reps)
-    out += ["(c) Cost model: one decode step with B sequences of k+1 verify rows each, relative to one plain step of "
-            "B rows (fused CPU decode step up to 16 rows, per-op decode path above).", "",
-            markdown_table(["B", "plain step ms", *[f"k={k}" for k in cks]], cost), ""]
-    print(cost, flush=True)
-    k1 = cost[0][2]
-    out += [b_note.format(k1=k1, model=backed.spec_verify_steps * (k1 - 1) / (backed.steps - 1)), ""]
+    out += [f"SmolLM2-135M-Instruct Q4_1 (native packed kernels, {model.dtype}), CPU, {torch.get_num_threads()} "
+            f"threads; greedy, {args.new_tokens} new tokens, n-gram proposals (n 4 … 2), "
+            f"tok/s: medians of {args.rounds} interleaved rounds; speed-up: the median of the per-round ratios "
+            "(speculative / the plain run of the same round); outputs checked identical to plain decoding.", "",
+            markdown_table(["task", "plain decode tok/s", "speculative decode tok/s", "speed-up (median of rounds)",
+                            "per-round range", "accepted"], rows), ""]
+
+    if "c" in args.parts:
+        cks = [1, 2, 3, 4, 6, 8]
+        cost = cost_table(model, [1, 2, 4, 8], cks, args.reps)
+        out += ["(c) Cost model: one decode step with B sequences of k+1 verify rows each, relative to one plain step "
+                "of B rows (fused CPU decode step up to 16 rows, per-op decode path above).", "",
+                markdown_table(["B", "plain step ms", *[f"k={k}" for k in cks]], cost), ""]
+        print(cost, flush=True)
+    if b_note:
+        out += [b_note, ""]
     if args.gguf7b is not None:
         big = mistral_kernels.LLM(args.gguf7b, num_blocks=64, max_batch=1)
         ks7 = [1, 2, 4, 8]

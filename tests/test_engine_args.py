@@ -24,7 +24,8 @@ VALUES: dict[str, Any] = {
     "block_size": 32, "num_blocks": 99, "max_tokens_per_step": 64, "enable_prefix_caching": False,
     "enforce_eager": True, "dequantize": True, "quantize": "int8", "check_tensors": True, "tp": 2,
     "moe_parallel": "tensor", "speculative": "draft", "draft_model": "d.gguf", "num_speculative_tokens": 4,
-    "ngram_max": 5, "ngram_min": 1, "speculative_max_batch": 3, "activations": "exact"}
+    "ngram_max": 5, "ngram_min": 1, "speculative_max_batch": 3, "speculative_row_cost": 0.25,
+    "activations": "exact"}
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def test_defaults_are_llms_and_kwargs_map_every_field() -> None:
                     "prefix_caching": False, "enforce_eager": True, "quantized": False, "quantize": "int8",
                     "check_tensors": True, "activations": "exact",
                     "speculative": SpeculativeConfig(method="draft", num_tokens=4, ngram_max=5, ngram_min=1,
-                                                     draft_model="d.gguf", max_batch=3)}
+                                                     draft_model="d.gguf", max_batch=3, row_cost=0.25)}
 
 
 def test_bad_values_are_parse_errors_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
-from mistral_kernels.speculative import NgramProposer, Proposal, SpeculativeConfig, ngram_lookup
+from mistral_kernels.speculative import NgramProposer, SpeculativeConfig, ngram_lookup
 from mistral_kernels.speculative.verify import accept
 
 from .helpers.engine import CharTokenizer
@@ -108,7 +108,7 @@ def _compare(make_plain, make_spec, jobs, min_accepted: int = 1, some_rejected: 
 @pytest.mark.parametrize("window", [None, 6])
 def test_greedy_identical_under_continuous_batching(batch: int, window: int | None) -> None:
     jobs = _jobs(10, seed=batch, ignore_eos=True)
-    spec = SpeculativeConfig(num_tokens=4, max_batch=8, max_rows=64)
+    spec = SpeculativeConfig(num_tokens=4, max_batch=8, max_rows=64, row_cost=0.1)
     engine = _compare(_engine(None, window, max_batch=batch), _engine(spec, window, max_batch=batch), jobs,
                       min_accepted=20)
     assert engine.stats.decode_tokens > engine.stats.steps  # more than one token per step on average
@@ -124,14 +124,14 @@ def test_greedy_identical_with_stops_inside_accepted_runs() -> None:
                                 stop_token_ids=(rng.randrange(12),) if kind == 1 else (),
                                 stop=("".join(rng.choice("abcdefghijkl") for _ in range(2)),) if kind == 2 else ())
         jobs.append((prompt, params))
-    spec = SpeculativeConfig(num_tokens=6, max_batch=8, max_rows=64)
+    spec = SpeculativeConfig(num_tokens=6, max_batch=8, max_rows=64, row_cost=0.1)
     _compare(_engine(None), _engine(spec), jobs)
 
 
 @pytest.mark.parametrize("window,num_blocks", [(None, 20), (6, 10)])
 def test_greedy_identical_under_forced_preemption(window: int | None, num_blocks: int) -> None:
     jobs = _jobs(8, seed=11, max_new=50, ignore_eos=True)
-    spec = SpeculativeConfig(num_tokens=5, max_batch=8, max_rows=64)
+    spec = SpeculativeConfig(num_tokens=5, max_batch=8, max_rows=64, row_cost=0.1)
     engine = _compare(_engine(None, window, num_blocks=num_blocks, budget=16),
                       _engine(spec, window, num_blocks=num_blocks, budget=16), jobs)
     assert engine.stats.preemptions > 0
@@ -139,14 +139,14 @@ def test_greedy_identical_under_forced_preemption(window: int | None, num_blocks
 
 def test_prefix_caching_off_and_budget_smaller_than_the_proposals() -> None:
     jobs = _jobs(6, seed=5, ignore_eos=True)
-    spec = SpeculativeConfig(num_tokens=8, max_batch=8, max_rows=64)
+    spec = SpeculativeConfig(num_tokens=8, max_batch=8, max_rows=64, row_cost=0.1)
     _compare(_engine(None, prefix_caching=False, budget=8), _engine(spec, prefix_caching=False, budget=8), jobs)
 
 
 def test_logprobs_of_accepted_tokens_equal_plain_decodings() -> None:
     jobs = _jobs(5, seed=12, logprobs=2, ignore_eos=True)
     want, _, _ = run_engine(_engine(None), jobs)
-    got, _, engine = run_engine(_engine(SpeculativeConfig(num_tokens=4, max_batch=8, max_rows=64)), jobs)
+    got, _, engine = run_engine(_engine(SpeculativeConfig(num_tokens=4, max_batch=8, max_rows=64, row_cost=0.1)), jobs)
     assert engine.stats.spec_accepted_tokens > 0
     for w, g in zip(want, got):
         assert g.token_ids == w.token_ids and len(g.logprobs) == len(g.token_ids)
@@ -157,7 +157,7 @@ def test_no_speculation_above_the_batch_threshold() -> None:
     plans = []
 
     def make():
-        engine = _engine(SpeculativeConfig(num_tokens=4, max_batch=2, max_rows=64), max_batch=8)()
+        engine = _engine(SpeculativeConfig(num_tokens=4, max_batch=2, max_rows=64, row_cost=0.1), max_batch=8)()
         schedule = engine.scheduler.schedule
         engine.scheduler.schedule = lambda: plans.append(schedule()) or plans[-1]
         return engine
@@ -166,24 +166,6 @@ def test_no_speculation_above_the_batch_threshold() -> None:
     decoding = [(sum(c.is_decode for c in p.chunks), any(c.draft for c in p.chunks)) for p in plans]
     assert any(n > 2 for n, _ in decoding) and any(d for _, d in decoding)
     assert all(n <= 2 for n, d in decoding if d)
-
-
-def test_backoff_bounds_the_cost_of_rejected_proposals() -> None:
-    class Wrong(NgramProposer):  # proposes a token the toy never outputs
-        def propose(self, requests, k):
-            return [Proposal([48] * n) for n in k]
-
-    jobs = _jobs(1, seed=4, max_new=200, ignore_eos=True)
-    make = lambda backoff: (lambda: Engine(  # noqa: E731
-        LoopToy(), CharTokenizer(), num_blocks=200, block_size=4, max_batch=1, max_tokens_per_step=64,
-        speculative=SpeculativeConfig(num_tokens=4, backoff=backoff), proposer=Wrong()))
-    want, _, _ = run_engine(_engine(None), jobs)
-    got, _, always = run_engine(make(0), jobs)
-    assert got[0].token_ids == want[0].token_ids and always.stats.spec_accepted_tokens == 0
-    got, _, backed = run_engine(make(16), jobs)
-    assert got[0].token_ids == want[0].token_ids
-    assert backed.stats.spec_verify_steps * 8 < always.stats.spec_verify_steps
-    assert backed.stats.spec_proposed_tokens < 1.5 * backed.stats.spec_verify_steps  # down to one token at a time
 
 
 def test_proposal_length_follows_acceptance_and_the_row_cap() -> None:
@@ -197,7 +179,7 @@ def test_proposal_length_follows_acceptance_and_the_row_cap() -> None:
     jobs = _jobs(4, seed=8, ignore_eos=True)
     make = lambda: Engine(LoopToy(), CharTokenizer(), num_blocks=200, block_size=4, max_batch=4,  # noqa: E731
                           max_tokens_per_step=64, proposer=Recording(),
-                          speculative=SpeculativeConfig(num_tokens=6, max_batch=4, max_rows=12))
+                          speculative=SpeculativeConfig(num_tokens=6, max_batch=4, max_rows=12, row_cost=0.1))
     _compare(_engine(None), make, jobs)
     assert all(sum(n + 1 for n in k) <= 12 for k in lengths)  # 4 decoding: k ≤ 12 // 4 - 1 = 2
     assert any(len(k) <= 2 and max(k) > 2 for k in lengths)  # fewer decoding requests: longer proposals
@@ -212,7 +194,7 @@ def test_stats_line_and_metrics_report_proposed_and_accepted() -> None:
     args = EngineArgs.from_cli_args(build_parser().parse_args(
         ["generate", "--prompt", "x", "--speculative", "ngram", "--num-speculative-tokens", "3", "--ngram-max", "3"]))
     assert args.speculative_config() == SpeculativeConfig(num_tokens=3, ngram_max=3)
-    spec = SpeculativeConfig(num_tokens=3, max_batch=8, max_rows=64)
+    spec = SpeculativeConfig(num_tokens=3, max_batch=8, max_rows=64, row_cost=0.1)
     _, _, engine = run_engine(_engine(spec), _jobs(4, 1, ignore_eos=True))
     s = engine.stats
     assert 0 < s.spec_accepted_tokens < s.spec_proposed_tokens
@@ -226,28 +208,3 @@ def test_stats_line_and_metrics_report_proposed_and_accepted() -> None:
     text = ServerMetrics(engine).render().decode()
     assert f"mistral_kernels_spec_proposed_tokens_total {float(s.spec_proposed_tokens)}\n" in text
     assert f"mistral_kernels_spec_accepted_tokens_total {float(s.spec_accepted_tokens)}\n" in text
-
-
-def test_no_speculation_while_a_request_is_constrained() -> None:
-    """Structured outputs mask plain steps only: a step with a constrained request runs without proposals."""
-    from mistral_kernels.speculative.speculator import Speculator
-
-    class Grammar:  # stands for a structured-output state: only its presence matters here
-        pass
-
-    spec = Speculator(SpeculativeConfig(num_tokens=3, max_batch=8), NgramProposer(), 4096)
-    engine = _engine(None)()
-    for ids, p in _jobs(2, seed=3, max_new=60, ignore_eos=True):
-        engine.add_request(ids, p)
-    for _ in range(40):  # until the outputs loop and the n-gram proposer has proposals for both
-        engine.step()
-        running = engine.scheduler.running()
-        spec.prepare(running)
-        if len(running) == 2 and all(r.draft_ids for r in running):
-            break
-        for r in running:  # this engine does not verify: the next step must not see them
-            r.draft_ids = []
-    assert len(running) == 2 and all(r.draft_ids for r in running)
-    running[1].grammar = Grammar()
-    spec.prepare(running)
-    assert not any(r.draft_ids for r in running)

@@ -64,7 +64,7 @@ def _compare(model, jobs, *, max_batch: int, num_blocks: int = 300, budget: int 
 
     want, _, _ = run_engine(make(None), jobs)
     spec = SpeculativeConfig(num_tokens=k, max_batch=8, max_rows=200, method="draft" if draft is not None else "ngram",
-                             draft_model="given" if draft is not None else None)
+                             draft_model="given" if draft is not None else None, row_cost=0.1)
     got, streamed, engine = run_engine(make(spec), jobs, check=PoolChecker())
     for w, g in zip(want, got):
         assert (g.token_ids, g.finish_reason, g.stop_reason) == (w.token_ids, w.finish_reason, w.stop_reason)
@@ -150,7 +150,8 @@ def test_default_model_llm_greedy_identical_with_ngram_and_self_draft() -> None:
     prompts = ["Copy this text word for word:\n\nThe quick brown fox jumps over the lazy dog, and the dog sleeps on.",
                "List the numbers from one to twelve in words, separated by commas."]
     want = LLM(path).generate(prompts, chat=True, max_new_tokens=40)
-    for spec in ("ngram", SpeculativeConfig(method="draft", draft_model=str(path), num_tokens=2)):
+    for spec in (SpeculativeConfig(row_cost=0.1),
+                 SpeculativeConfig(method="draft", draft_model=str(path), num_tokens=2, row_cost=0.1)):
         llm = LLM(path, speculative=spec)
         got = llm.generate(prompts, chat=True, max_new_tokens=40)
         assert [c.token_ids for c in got] == [c.token_ids for c in want]

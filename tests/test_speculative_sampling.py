@@ -18,6 +18,7 @@ from mistral_kernels.speculative import Proposal, SpeculativeConfig
 from mistral_kernels.speculative.draft import DraftProposer
 
 from .helpers.model_helpers import random_model
+from .helpers.speculative import chi_square_p as _chi_square_p
 
 VOCAB = 8
 CONFIG = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=48, vocab_size=VOCAB,
@@ -75,28 +76,13 @@ def _samples(model, spec: SpeculativeConfig | None, proposer, params: dict, n: i
     return Counter(tuple(c.token_ids[1:3]) for c in done), engine  # tokens 2-3: after a verify step
 
 
-def _chi_square_p(a: Counter, b: Counter) -> tuple[float, float]:
-    """Two-sample chi-square test of homogeneity → (p-value, total-variation distance)."""
-    na, nb = sum(a.values()), sum(b.values())
-    stat, cells = 0.0, 0
-    for key in set(a) | set(b):
-        oa, ob = a[key], b[key]
-        ea, eb = (oa + ob) * na / (na + nb), (oa + ob) * nb / (na + nb)
-        stat += (oa - ea) ** 2 / ea + (ob - eb) ** 2 / eb
-        cells += 1
-    df = max(cells - 1, 1)
-    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
-    tv = 0.5 * sum(abs(a[k] / na - b[k] / nb) for k in set(a) | set(b))
-    return p, tv
-
-
 @pytest.mark.parametrize("method,setting", [("ngram", "temperature"), ("skewed_draft", "all_filters"),
                                             ("draft_model", "temperature")])
 def test_first_tokens_distribution_equals_plain_sampling(model, setting: str, method: str) -> None:
     """n-gram point masses; a q that disagrees on purpose; a draft model (another random model, its softmax)."""
     params = SETTINGS[setting]
     plain = _plain(model, setting)
-    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, max_rows=1000, backoff=0)
+    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, max_rows=1000, adaptive=False)
     proposer = {"ngram": lambda: None, "skewed_draft": SkewedDraft,
                 "draft_model": lambda: DraftProposer(random_model(CONFIG.replace(n_layers=1), seed=8,
                                                                   fused_cpu_decode=False), 600, 4, seed=1)}[method]()
@@ -117,7 +103,7 @@ def test_the_chi_square_check_sees_a_wrong_distribution(model) -> None:
 
 
 def test_seeded_requests_reproduce_whatever_the_batch(model) -> None:
-    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, max_rows=1000, backoff=0)
+    spec = SpeculativeConfig(num_tokens=3, ngram_min=1, max_batch=64, max_rows=1000, adaptive=False)
     params = SamplingParams(max_new_tokens=12, ignore_eos=True, seed=42, **SETTINGS["all_filters"])
 
     def run(extra: int) -> list[int]:

@@ -46,6 +46,7 @@ from .runner import ModelRunner, PagedModel
 from .sampling_params import SamplingParams
 from .scheduler import AdmissionError, Scheduler
 from .speculative.config import SpeculativeConfig
+from .speculative.cost import CostModel, measure_row_cost
 from .speculative.ngram import NgramProposer
 from .speculative.proposer import Proposer
 from .speculative.speculator import Speculator
@@ -110,13 +111,19 @@ class Engine:
             if proposer is None and speculative.method != "ngram":
                 raise ValueError(f"Engine: speculative method {speculative.method!r} needs a proposer")
             proposer = proposer or NgramProposer(speculative.ngram_max, speculative.ngram_min)
-            self.speculator = Speculator(speculative, proposer, model.config.max_position)
+            cost = _cost_model(model, speculative, block_size) if speculative.adaptive else None
+            self.speculator = Speculator(speculative, proposer, model.config.max_position, cost)
         self._traffic = DecodeTraffic.of(model)
         self._next_id = 0
         # outputs that :meth:`iterate` stepped for requests it was not iterating, kept for their own caller
         self._backlog: dict[int, list[RequestOutput]] = {}
 
     # ------------------------------------------------------------------ parts
+    @property
+    def speculative_cost(self) -> CostModel | None:
+        """The cost model adaptive speculation uses (None: no speculation, or not adaptive)."""
+        return None if self.speculator is None else self.speculator.cost
+
     @property
     def blocks(self) -> BlockManager:
         """The KV block pool (owned by the scheduler)."""
@@ -370,3 +377,16 @@ class Engine:
             self.abort_all(rids)
             raise
         return self.run(rids)  # rids increase, so id order is the given order
+
+
+def _cost_model(model: PagedModel, config: SpeculativeConfig, block_size: int) -> CostModel:
+    """The speculation cost model: ``config.row_cost``, or measured on ``model`` now (rows of a verify step of
+    one sequence at the most proposals); rank 0's on every tensor-parallel rank (they must schedule alike)."""
+    rho = config.row_cost
+    if rho is None:
+        rho = measure_row_cost(model, block_size, 1 + min(config.num_tokens, config.max_rows - 1))
+        broadcast = getattr(model, "broadcast_tokens", None)
+        if broadcast is not None:  # tensor parallel: rank 0's measurement, in millionths
+            sent = torch.tensor([round(rho * 1e6)], dtype=torch.int64, device=model.device)
+            rho = int(broadcast(sent).cpu()[0]) / 1e6
+    return CostModel(rho)

@@ -73,6 +73,8 @@ class EngineArgs:
     ngram_min: int = _f(2, "--speculative ngram: shortest n-gram matched (2)")
     speculative_max_batch: int = _f(DEFAULT_MAX_BATCH, "speculate only in steps with at most this many decoding "
                                                        f"sequences ({DEFAULT_MAX_BATCH}; see the README)")
+    speculative_row_cost: float | None = _f(None, "one extra verify row's cost as a share of a one-row decode step, "
+                                                  "for adaptive speculation (default: measured at startup)")
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:
@@ -106,7 +108,7 @@ class EngineArgs:
             return None
         return SpeculativeConfig(method=self.speculative, num_tokens=self.num_speculative_tokens,
                                  ngram_max=self.ngram_max, ngram_min=self.ngram_min, draft_model=self.draft_model,
-                                 max_batch=self.speculative_max_batch)
+                                 max_batch=self.speculative_max_batch, row_cost=self.speculative_row_cost)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup,

@@ -46,7 +46,7 @@ from .ops import device_index_checks
 from .sampling import SamplingParams, sample
 from .scheduler import ScheduledChunk, SchedulerOutput
 from .speculative.verify import VerifyRow, accept, target_tokens
-from .structured.bitmask import MaskWorkspace, constrain_logits
+from .structured.bitmask import MaskWorkspace, constrain_logits, constrain_verify_logits
 from .transfer import to_device
 
 __all__ = ["ModelRunner", "PagedModel"]
@@ -194,7 +194,11 @@ class ModelRunner:
                                       generated + d[:j] if history else generated,
                                       d[j] if j < len(d) else None, q))
             proposed.append(d)
-        targets = target_tokens(logits, rows, self._default_generator, eos_ids=self.eos_ids)  # [R]
+        # structured outputs: row j of a constrained request masked by its grammar after d_1 … d_j (raw `logits`
+        # stay for logprobs, as in execute)
+        masked = constrain_verify_logits(logits, [(c.request.grammar, c.draft) for c in output.chunks if c.samples],
+                                         self._mask_workspace)  # [R, V]
+        targets = target_tokens(masked, rows, self._default_generator, eos_ids=self.eos_ids)  # [R]
         if self._broadcast is not None:  # tensor parallel: rank 0's tokens everywhere
             targets = self._broadcast(targets)
         asks = [row.params.logprobs for row in rows]

@@ -110,3 +110,19 @@ def run_engine(make_engine, jobs: Sequence, check=None, max_steps: int = 100000)
         if check is not None:
             check(engine, outputs)
     return [done[r] for r in rids], [streamed[r] for r in rids], engine
+
+
+def chi_square_p(a: Counter, b: Counter) -> tuple[float, float]:
+    """Two-sample chi-square test of homogeneity of two samples' counts → (p-value, total-variation distance)."""
+    na, nb = sum(a.values()), sum(b.values())
+    stat, cells = 0.0, 0
+    for key in set(a) | set(b):
+        oa, ob = a[key], b[key]
+        ea, eb = (oa + ob) * na / (na + nb), (oa + ob) * nb / (na + nb)
+        stat += (oa - ea) ** 2 / ea + (ob - eb) ** 2 / eb
+        cells += 1
+    df = max(cells - 1, 1)
+    p = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                      torch.tensor(stat / 2, dtype=torch.float64)))
+    tv = 0.5 * sum(abs(a[k] / na - b[k] / nb) for k in set(a) | set(b))
+    return p, tv

@@ -3,11 +3,12 @@
 =================  ===============================================================================
 module             role
 =================  ===============================================================================
-``config``         :class:`SpeculativeConfig`: method, k, n-gram sizes, draft model, batch threshold
+``config``         :class:`SpeculativeConfig`: method, k, n-gram sizes, draft model, caps, adaptive, row cost
+``cost``           when speculation pays: the measured verify-row cost, acceptance, the k per request, probes
 ``proposer``       the :class:`Proposer` interface and its :class:`Proposal`
 ``ngram``          n-gram prompt lookup (:class:`NgramProposer`)
 ``verify``         target tokens of the verify rows (greedy / rejection sampling) and acceptance
-``speculator``     the engine's side: drafts before a step, kept k/v and counts after it, backoff
+``speculator``     the engine's side: each request's k and drafts before a step, kept k/v and counts after it
 ``draft``          the draft-model proposer (:class:`~.draft.DraftProposer`) and the vocabulary check
 =================  ===============================================================================
 

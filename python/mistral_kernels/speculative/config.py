@@ -2,11 +2,12 @@
 
 Checked when made (a ValueError names the field). ``None`` in the engine = no speculation.
 
-The batch threshold ``max_batch`` comes from the measured cost model in
-benchmarks/results/cpu_speculative.md: a verify step (k+1 query rows per sequence) costs about a plain decode
-step only while decode is memory-bound (weights streamed once for all rows); past that many decoding
-sequences the extra rows cost more than the accepted tokens save, so a step with more decoding sequences runs
-plain decode.
+Within the hard caps ``max_batch`` and ``max_rows``, each request's k follows its acceptance and the verify-row
+cost of the machine (:mod:`.cost`: measured when the engine starts unless ``row_cost`` fixes it), down to 0 —
+plain decode for that request, with a probe now and then — when speculation does not pay. ``max_batch`` is a
+cap from the CPU measurements in benchmarks/results/cpu_speculative.md (past a few decoding sequences a verify
+row costs about a whole row's share of the step there); the cost model turns speculation off earlier where it
+does not pay.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ class SpeculativeConfig:
     draft_model : path of the draft model (method "draft")
     max_batch : speculate only in steps with at most this many decoding sequences
     max_rows : at most this many verify rows in a step (decoding sequences × (k+1)): k is cut to fit
-    backoff : after a proposal is wholly rejected, the sequence skips proposing for 1, 2, 4 … up to this many
-        steps (reset by an accepted token) and proposes one token at a time until one is accepted:
-        all-rejected proposals then cost little (0 = never skip, always k)
+    adaptive : each request's k from its acceptance and the cost model (:mod:`.cost`), 0 when speculation does
+        not pay (probing now and then); False: always ``num_tokens`` (within the caps)
+    row_cost : ρ, one extra verify row's cost as a share of a one-row decode step; None (default): measured
+        on the model when the engine starts (:func:`.cost.measure_row_cost`); a number fixes it (tests,
+        or a value measured before)
     """
 
     method: str = "ngram"
@@ -45,7 +48,8 @@ class SpeculativeConfig:
     draft_model: str | None = None
     max_batch: int = DEFAULT_MAX_BATCH
     max_rows: int = DEFAULT_MAX_ROWS
-    backoff: int = 16
+    adaptive: bool = True
+    row_cost: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -63,5 +67,6 @@ class SpeculativeConfig:
             raise ValueError(f"speculative max_batch must be ≥ 1, got {self.max_batch}")
         if self.max_rows < 2:
             raise ValueError(f"speculative max_rows must be ≥ 2 (one sequence, one proposal), got {self.max_rows}")
-        if self.backoff < 0:
-            raise ValueError(f"speculative backoff must be ≥ 0, got {self.backoff}")
+        if self.row_cost is not None and not 0 <= self.row_cost < float("inf"):
+            raise ValueError(f"speculative row_cost must be a finite number ≥ 0 (or None: measured), got "
+                             f"{self.row_cost}")

@@ -1,18 +1,22 @@
 """The engine's side of speculative decoding: before a step, ask the proposer for drafts of the decoding
 requests; after it, count what was accepted and how many of each verify chunk's k/v stay.
 
-Per step: no drafts while a running request has a structured-output grammar (verify rows take no masks yet),
-or when more requests decode than ``SpeculativeConfig.max_batch`` (a verify row costs more
-than the tokens it brings there: the cost model in benchmarks/results/cpu_speculative.md). A request proposes
-at most ``num_tokens``, at most ``max_rows`` // (decoding requests) - 1, and never past its
-``max_new_tokens`` (the last new token is always the target's own) or the model's context.
+Per step: no drafts when more requests decode than ``SpeculativeConfig.max_batch``. A request proposes at most
+``num_tokens``, at most ``max_rows`` // (decoding requests) - 1, and never past its ``max_new_tokens`` (the last
+new token is always the target's own) or the model's context.
 
-Adapting to acceptance (with ``backoff`` > 0): each request proposes k_r tokens, k_r starting at
-``num_tokens``; after a step that accepted a of its m proposals, k_r = a + 1 when some were rejected, one more
-(up to ``num_tokens``) when all were accepted. A wholly rejected proposal also makes the request skip proposing
-for 1 step, then 2, 4 … up to ``backoff`` steps after further wholly rejected ones; an accepted token resets
-it. So a request whose proposals are all wrong verifies one token now and then: its steps cost about a plain
-step's.
+Adapting to acceptance (``adaptive``, the default): within those caps each request proposes the k that
+:meth:`.cost.CostModel.best_k` gives for its acceptance α (:class:`.cost.Acceptance`, updated after each of its
+verify steps) and the step's B decoding requests; at k = 0 it decodes plainly and, after
+:meth:`~.cost.CostModel.probe_interval` such steps, proposes one token (a probe). So a request whose
+proposals are all wrong soon costs about a plain decode, and one whose proposals are right keeps the most.
+
+Structured outputs: a constrained request's proposals are cut at the first one its grammar forbids
+(``GrammarState.allowed_prefix``: the matcher after the proposals before it) — for point-mass proposals (n-gram,
+or a greedy request) the row would only ever sample from its masked distribution, as a bonus row does; a
+drawn proposal (a q) keeps that forbidden token, whose row then rejects it (p = 0 there) and redraws from
+the residual, so the rejection rule stays exact. The runner masks every verify row with the grammar's state
+after the proposals before it (:func:`~mistral_kernels.structured.bitmask.constrain_verify_logits`).
 
 KV bookkeeping of a verify chunk (its request's last token + K proposals, at positions c … c+K): after the
 step the request holds its last token, the accepted proposals d_1 … d_a and one more token t. Positions
@@ -26,22 +30,22 @@ token (e ≤ a), it keeps 1 + e.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..output import RequestOutput
 from ..request import Request
 from ..scheduler import SchedulerOutput
 from .config import SpeculativeConfig
+from .cost import Acceptance, CostModel
 from .proposer import Proposer
 
 __all__ = ["Speculator", "StepCounts"]
 
 
 @dataclass
-class _Backoff:
-    k: int  # tokens to propose next
-    skip: int = 0  # steps left without proposing
-    next: int = 1  # skip length after the next wholly rejected proposal
+class _RequestState:
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    plain: int = 0  # steps decoded plainly since the last proposal (k = 0)
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,18 @@ class Speculator:
     config : the speculative settings
     proposer : gives the drafts
     max_position : the model's context (no draft reaches past it)
+    cost : the machine's cost model (used when ``config.adaptive``)
     """
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_position: int) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_position: int,
+                 cost: CostModel | None = None) -> None:
+        if config.adaptive and cost is None:
+            raise ValueError("Speculator: adaptive speculation needs a cost model (cost=CostModel(row_cost))")
         self.config = config
         self.proposer = proposer
         self.max_position = max_position
-        self._backoff: dict[int, _Backoff] = {}
+        self.cost = cost
+        self._state: dict[int, _RequestState] = {}
 
     def prepare(self, running: Sequence[Request]) -> None:
         """Set ``draft_ids`` (and ``draft_probs``) of the running requests for the next step."""
@@ -78,33 +87,45 @@ class Speculator:
         decoding = [r for r in running if r.decoding]
         if not decoding or len(decoding) > self.config.max_batch:
             return
-        if any(r.grammar is not None for r in running):
-            # Structured outputs: the grammar masks apply to plain steps only (runner.execute); verify rows would
-            # need each row's mask after its proposals (the hook in verify.target_tokens). Until then a step
-            # with a constrained request does not speculate.
-            return
         most = self.config.max_rows // len(decoding) - 1
         asking, ks = [], []
         for r in decoding:
-            b = self._state(r.rid)
-            if b.skip:
-                b.skip -= 1
-                continue
-            k = min(b.k, most, r.params.max_new_tokens - len(r.output_ids) - 1,  # type: ignore[operator]
-                    self.max_position - r.num_tokens)
+            left = r.params.max_new_tokens - len(r.output_ids) - 1  # type: ignore[operator]
+            k = min(self.config.num_tokens, most, left, self.max_position - r.num_tokens)
+            if k > 0 and self.cost is not None and self.config.adaptive:
+                k = self._adapted(self.cost, r.rid, k, len(decoding))
             if k > 0:
                 asking.append(r)
                 ks.append(k)
         if not asking:
             return
         for r, k, proposal in zip(asking, ks, self.proposer.propose(asking, ks)):
-            r.draft_ids = list(proposal.token_ids[:k])
-            r.draft_probs = None if proposal.probs is None else proposal.probs[:len(r.draft_ids)]
+            ids = list(proposal.token_ids[:k])
+            if r.grammar is not None and ids:
+                allowed = r.grammar.allowed_prefix(ids)
+                ids = ids[:allowed if proposal.probs is None else allowed + 1]  # (module docstring)
+            r.draft_ids = ids
+            r.draft_probs = None if proposal.probs is None else proposal.probs[:len(ids)]
+
+    def _adapted(self, cost: CostModel, rid: int, most: int, batch: int) -> int:
+        """The request's k this step (≤ ``most``): the cost model's for its acceptance, or a probe of 1 token
+        after ``probe_interval`` plain steps."""
+        st = self._request(rid)
+        k = cost.best_k(st.acceptance.rate, most, batch)
+        if k > 0:
+            st.plain = 0
+            return k
+        st.plain += 1
+        if st.plain <= cost.probe_interval():
+            return 0
+        st.plain = 0
+        return 1
 
     def record(self, plan: SchedulerOutput, outputs: Sequence[RequestOutput],
                new_tokens: Sequence[Sequence[int]]) -> StepCounts:
         """After a verify step: ``new_tokens`` per sampling request (accepted proposals + one) and the outputs
-        the output processor made of them (cut at a stop). Updates the backoff; returns the step's counts."""
+        the output processor made of them (cut at a stop). Updates each request's acceptance; returns the
+        step's counts."""
         kept: list[int] = []
         proposed = accepted = verified = 0
         i = 0
@@ -122,23 +143,20 @@ class Speculator:
             proposed += len(c.draft)
             accepted += a
             verified += 1
-            b = self._state(c.request.rid)
-            if not self.config.backoff:
-                continue
-            b.k = min(self.config.num_tokens, b.k + 1) if a == len(c.draft) else a + 1
-            if a == 0:
-                b.skip, b.next = b.next, min(2 * b.next, self.config.backoff)
-            else:
-                b.skip, b.next = 0, 1
+            self._request(c.request.rid).acceptance.update(a, len(c.draft))
         return StepCounts(kept, proposed, accepted, verified)
 
-    def _state(self, rid: int) -> _Backoff:
-        b = self._backoff.get(rid)
-        if b is None:
-            b = self._backoff[rid] = _Backoff(self.config.num_tokens)
-        return b
+    def acceptance(self, rid: int) -> float:
+        """The request's acceptance estimate α (1 before its first verify step)."""
+        return self._request(rid).acceptance.rate
+
+    def _request(self, rid: int) -> _RequestState:
+        st = self._state.get(rid)
+        if st is None:
+            st = self._state[rid] = _RequestState()
+        return st
 
     def forget(self, rid: int) -> None:
         """The request left the engine (finished or aborted)."""
-        self._backoff.pop(rid, None)
+        self._state.pop(rid, None)
         self.proposer.forget(rid)

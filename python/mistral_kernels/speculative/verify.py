@@ -67,8 +67,10 @@ class VerifyRow:
 
 def target_tokens(logits: torch.Tensor, rows: Sequence[VerifyRow], default_generator: torch.Generator, *,
                   eos_ids: Collection[int] = ()) -> torch.Tensor:
-    """int64 [R]: the target token of each row (module docstring) from the target's logits [R, V]; ``eos_ids``:
-    what ``min_tokens`` masks, as for :func:`~mistral_kernels.sampling.sample`."""
+    """int64 [R]: the target token of each row (module docstring) from the target's logits [R, V] — for a
+    constrained request already masked by its grammar after that row's history
+    (:func:`~mistral_kernels.structured.bitmask.constrain_verify_logits`), as plain decoding masks before
+    sampling; ``eos_ids``: what ``min_tokens`` masks, as for :func:`~mistral_kernels.sampling.sample`."""
     r = logits.shape[0]
     if len(rows) != r:
         raise ValueError(f"target_tokens: {r} logits rows but {len(rows)} verify rows")
@@ -78,9 +80,6 @@ def target_tokens(logits: torch.Tensor, rows: Sequence[VerifyRow], default_gener
         return logits.argmax(dim=-1)  # all greedy, no penalties or biases: as plain decoding's greedy batch
     x = penalized_logits(logits, params, [row.seen for row in rows], [row.generated for row in rows],
                          eos_ids=eos_ids)  # [R, V] float32
-    # Hook: a per-row mask of allowed tokens (structured outputs, structured.bitmask) applies to x here, for every
-    # verify row, with the grammar state after that row's history (d_1 … d_j); then greedy and sampling both see
-    # it. Not done yet: the speculator does not speculate in steps with a constrained request.
     out = x.argmax(dim=-1)
     if not rand:
         return out

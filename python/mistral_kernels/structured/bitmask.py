@@ -17,6 +17,12 @@ W = ceil(V / 32) int32 words per bitmask row.
    ``SamplingParams.logprobs``).
 
 When no row is constrained, the logits are returned as they are: no tensor, no copy, no cost.
+
+Speculative decoding (:func:`constrain_verify_logits`): a constrained request that verifies K proposals
+d_1 … d_K has K+1 rows; row j gets the mask of its grammar after d_1 … d_j
+(:meth:`~.matcher.GrammarState.masks_for_proposals`, the state left as it was), so each row's distribution is
+the masked one plain decoding would sample from once d_1 … d_j are accepted. The accepted tokens are then
+consumed by the output processor like any sampled token; rejected ones never were.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import torch
 from ..transfer import copy_into, to_device
 from .matcher import GrammarState, bitmask_words
 
-__all__ = ["MaskWorkspace", "apply_bitmask", "constrain_logits", "fill_bitmask"]
+__all__ = ["MaskWorkspace", "apply_bitmask", "constrain_logits", "constrain_verify_logits", "fill_bitmask"]
 
 _executor: llguidance.LLExecutor | None = None
 _bit_tables: dict[torch.device, torch.Tensor] = {}
@@ -160,15 +166,39 @@ def constrain_logits(logits: torch.Tensor, requests: Sequence[_Constrained],
     picked = [(i, r.grammar) for i, r in enumerate(requests) if r.grammar is not None]
     if not picked:
         return logits
-    v = logits.shape[-1]
-    host = fill_bitmask([g for _, g in picked], v)
-    if len(picked) == len(requests):
-        rows = None
-    else:
-        rows = to_device([i for i, _ in picked], torch.int64, logits.device)
+    host = fill_bitmask([g for _, g in picked], logits.shape[-1])
+    return _apply_host_mask(logits, host, [i for i, _ in picked], workspace)
+
+
+def constrain_verify_logits(logits: torch.Tensor, sequences: Sequence[tuple[GrammarState | None, Sequence[int]]],
+                            workspace: MaskWorkspace | None = None) -> torch.Tensor:
+    """The verify rows' logits [R, V] with each constrained row's disallowed tokens at -inf (see the module
+    docstring), or ``logits`` itself when no sequence has a grammar.
+
+    ``sequences``: per sequence in row order, its grammar state (None: unconstrained) and the proposals it
+    verifies (its rows: len + 1).
+    """
+    if sum(len(d) + 1 for _, d in sequences) != logits.shape[0]:
+        raise ValueError(f"constrain_verify_logits: {logits.shape[0]} logits rows for sequences of "
+                         f"{sum(len(d) + 1 for _, d in sequences)} verify rows")
+    masks, rows, row = [], [], 0
+    for grammar, draft in sequences:
+        if grammar is not None:
+            masks.append(grammar.masks_for_proposals(draft))  # [len(draft)+1, W]
+            rows.extend(range(row, row + len(draft) + 1))
+        row += len(draft) + 1
+    if not masks:
+        return logits
+    return _apply_host_mask(logits, torch.cat(masks), rows, workspace)
+
+
+def _apply_host_mask(logits: torch.Tensor, host: torch.Tensor, rows: list[int],
+                     workspace: MaskWorkspace | None) -> torch.Tensor:
+    """Apply the host bitmask int32 [R, W] of ``rows`` (distinct, increasing) to ``logits`` [N, V]."""
+    picked = None if len(rows) == logits.shape[0] else to_device(rows, torch.int64, logits.device)
     if logits.device.type == "cpu":
         mask = host
     else:
         mask = torch.empty(host.shape, dtype=torch.int32, device=logits.device)
         copy_into(mask, host)
-    return apply_bitmask(logits, mask, rows, workspace=workspace)
+    return apply_bitmask(logits, mask, picked, workspace=workspace)

@@ -7,8 +7,9 @@ The state lives with the :class:`~mistral_kernels.request.Request` (``Request.gr
 processor feeds it each sampled token (:meth:`GrammarState.accept`), the runner reads its mask before
 sampling (:mod:`.bitmask`). A preempted request keeps its generated tokens and is recomputed from them, so
 its state stays valid as it is (nothing to replay). For speculative decoding,
-:meth:`GrammarState.masks_for_proposals` gives the masks along a proposed continuation and leaves the state
-as it found it; :meth:`GrammarState.rollback` undoes accepted tokens.
+:meth:`GrammarState.allowed_prefix` says how many proposals the grammar allows in turn,
+:meth:`GrammarState.masks_for_proposals` gives the masks along a proposed continuation (both leave the state
+as they found it); :meth:`GrammarState.rollback` undoes accepted tokens.
 """
 
 from __future__ import annotations
@@ -82,6 +83,13 @@ class GrammarState:
             raise ValueError(f"GrammarState.rollback: n must be ≥ 0, got {n}")
         if n and not self.matcher.rollback(n):
             raise ValueError(f"GrammarState.rollback({n}): {self.matcher.get_error().strip()}")
+
+    def allowed_prefix(self, proposed: Sequence[int]) -> int:
+        """How many of ``proposed`` the grammar allows in turn from the current state (each after the ones
+        before it; an EOS is allowed where the grammar accepts). The state is not changed."""
+        if self.matcher.is_stopped():
+            return 0
+        return int(self.matcher.validate_tokens([int(t) for t in proposed]))
 
     def masks_for_proposals(self, proposed: Sequence[int]) -> torch.Tensor:
         """The masks at the k+1 positions of a proposed continuation, as if the proposals were accepted in turn.
