@@ -173,17 +173,20 @@ cudaError_t launch_moe_qgemv(const MoeQArgs<T>& p, cudaStream_t stream, void* wo
   return launch_moe_qgemv_mr<T, QT, 8>(p, R, xq, stream);
 }
 
-// Plain only (p.w3 == nullptr) over the segments with the 64 × 64 tile GEMM.
+// Plain only (p.w3 == nullptr) over the segments with the 64 × 64 tile GEMM (block formats: w 4-byte aligned,
+// kQTileAlign, and x 16-byte aligned, else cudaErrorMisalignedAddress).
 template <typename T, int32_t QT>
 cudaError_t launch_moe_qgemm(const MoeQArgs<T>& p, cudaStream_t stream) {
   using C = QGemmTile<T>;
   if (p.w3) return cudaErrorInvalidValue;
   if (const cudaError_t err = moe_q_args_ok<T, QT>(p); err != cudaSuccess) return err;
+  if (QT != kInt8Rowwise && reinterpret_cast<uintptr_t>(p.w) % kQTileAlign != 0) return cudaErrorMisalignedAddress;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   const int64_t R = moe_q_row_bytes<T, QT>(p.K);
   const int64_t slots = grouped_slots(p.M, p.G, C::BM, true), n_tiles = ceil_div(p.N, C::BN);
   if (slots > 0x7fffffff || n_tiles > 65535) return cudaErrorInvalidConfiguration;
   const bool x_vec = aligned16(p.x) && p.K % C::VE == 0;
+  if (kQTileFormat<QT> && !x_vec) return cudaErrorMisalignedAddress;
   const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(n_tiles));
   return simt::launch(moe_qgemm_kernel<T, QT>, grid, dim3(C::THREADS), C::smem_bytes(), stream, p, R, x_vec);
 }
