@@ -1,21 +1,29 @@
-// quant_gemm.cuh — dequantizing GEMM for prefill (CUDA, framework-free): out [M, N] = x [M, K] · Wᵀ with W
-// [N, K] in a quantized format of quant_blocks.h, for any M (the glue sends kGemvMaxRows < M ≤
-// kQGemmDequantRows here), and the one-pass dequantization W → T [N, K] the glue runs above kQGemmDequantRows
-// before a dense GEMM (cuBLAS): the tile GEMM below decodes each weight again per 64-row M tile (its k-loop,
-// sm_90 SASS: ~1,220 instructions per 32 HMMA for Q4_K, 2.6 % HMMA), so from about one M tile on decoding once
-// (~0.2 warp-instructions per weight, plus the 2-byte temporary written and read back) and the library GEMM
-// are ahead by the instruction counts (estimate: ~5× at M = 4096 on an H100).
+// quant_gemm.cuh — dequantizing tile GEMM (CUDA, framework-free): out [M, N] = x [M, K] · Wᵀ with W [N, K] in
+// a quantized format of quant_blocks.h, for any M (the glue sends kGemvMaxRows < M ≤ kQGemmDequantRows here:
+// the batched decode steps of 9–64 sequences and short prefills), and the one-pass dequantization W → T [N, K]
+// the glue runs above kQGemmDequantRows before a dense GEMM (cuBLAS).
+//
+// Why it looks as it does (measured motivation, H200, benchmarks/results/gpu_decode.md): a Mistral-7B-shaped
+// Q4_K model decoded 349 tok/s at batch 1 but 713 tok/s at batch 32 — 2 % of its weight roofline — because
+// every linear at M = 32 ran here at ~170 µs on average (where reading the packed weights once takes 3–10 µs):
+// one block per 64 × 64 output tile (64 blocks for N = 4096 on 132 SMs, each walking all of K) and ~880
+// warp-instructions per K tile per warp, 32 of them HMMA, the rest mostly the per-unit W decode.
 //
 // Shapes: M rows, N out features, K in features, R packed bytes per row; BM = BN = 64 output tile, BK = 64
-// (one K tile = 8 units of every weight row, quant_blocks.h), LD the padded shared row (elements).
-// x, out contiguous; qweight [N, R] aligned to kUnitAlign<QT>; scales fp32 [N] (INT8_ROWWISE only).
+// (one K tile = 8 units of every weight row, quant_blocks.h), LD the padded shared row (elements), S splits.
+// x, out contiguous; qweight [N, R] 4-byte aligned (kQTileAlign); x 16-byte aligned for the block formats
+// (the glue copies other views); scales fp32 [N] (INT8_ROWWISE only).
 //
-// Grid (ceil(N / 64), ceil(M / 64)), 4 warps. Per K tile, 2 stages in shared memory:
-//   X tile [BM][LD] of T: cp.async 16-byte copies (zero-filled past M / K; rows whose K·sizeof(T) is not a
-//     multiple of 16 — INT8_ROWWISE with odd K — use plain loads instead);
-//   W tile [BN][LD]: each thread decodes 4 units (dequant_unit, registers) and stores the 8 weights
-//     converted to the smem type — the quantized bytes are read from HBM once per M tile.
-//   The tile kt+1 is issued (x copies, W decode) before tile kt is computed.
+// Grid (ceil(N / 64), ceil(M / 64), S), 4 warps; S from qgemm_plan below (split-K: about 4 blocks per SM at
+// small M; the splits' fp32 partial sums go to a workspace [S][M][N] and qgemm_splitk_reduce_kernel adds them
+// in split order — deterministic). Per K tile, 2 stages in shared memory:
+//   X tile [BM][LD] of T: cp.async 16-byte copies from per-thread row pointers advanced by one tile per call
+//     (zero-filled past M / K; INT8_ROWWISE rows whose K·sizeof(T) is not a multiple of 16 use plain loads);
+//   W tile [BN][LD]: block formats — thread (r, hh) owns 32 weights of weight row r (quant_tile.cuh): the
+//     loads of tile kt+1 (16-byte runs of quants, the block's scale words) are issued before the mma of tile
+//     kt and decoded after it (scales once per tile, byte-parallel bit work, PRMT + I2FP + FFMA per weight,
+//     16-byte shared stores); INT8_ROWWISE — 4 units per thread, gemv_unit. The packed bytes are read from
+//     HBM once per M tile.
 // Compute: fp16 / bf16 x → the W tile holds T (the dequantized fp32 weight rounded once to T) and each
 //   warp computes a 32×32 quarter with mma.sync.m16n8k16 (fp32 accumulation): A = x rows via ldmatrix.x4,
 //   B = W rows via ldmatrix.x4 (a W row is a column of Wᵀ: mma's "col" layout), the fragment helpers of
@@ -23,11 +31,23 @@
 //   paged_prefill_tc.cuh's header). fp32 x → a SIMT path, no conversion: the W tile holds fp32 weights
 //   (exactly gguf's values) and each thread accumulates 8 rows × 4 columns of outputs with FMAs (LD = 68).
 // Shared memory: 2 stages × (BM + BN) × LD × sizeof: 16-bit 36,864 B, fp32 69,632 B (dynamic, opt-in).
-// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): fp16 / bf16 116–143, fp32 119–128; the
-// dequantization 19–32.
-// Estimate (from the SASS counts above, unmeasured): the k-loop is issue-bound on the W decode (~1.2 warp-
-//   instructions per weight per M tile), 2.6 % of its instructions HMMA: ~5–10 % of the mma.sync peak, which is
-//   why it only serves 8 < M ≤ 64 (one M tile, where it reads the packed bytes once and needs no temporary).
+// Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): see benchmarks/results/
+// gpu_sass_budget.md (fp16 / bf16 ~110–130).
+// k-loop, sm_90 SASS (nvcc 13, bf16, scripts/sass_budget.py), warp-instructions per K tile per warp (32 HMMA),
+// before → after this design: Q4_K 882 → 303, Q5_K 1003 → 336, Q6_K 1018 → 394, Q4_0 666 → 291, Q4_1 679 →
+// 272, Q8_0 692 → 300 (INT8_ROWWISE keeps its unit decode: ~720); HMMA issue share 6·32 / instructions:
+// Q4_K 22 % → 63 %.
+// Estimate (from those counts, not measured; H100: 4 · 132 · 1.83 GHz ≈ 0.97·10¹² warp-instructions/s):
+//   a call with M ≤ 64 issues (N / 64)·(K / 64)·4·I warp-instructions (I the count above): Q4_K 4096 × 4096
+//   ≈ 5.0 M → ~5 µs, 14336 × 4096 ≈ 17 M → ~18 µs — issue-bound, at ~0.3 warp-instructions per weight,
+//   over the 2–8 µs the packed bytes need at HBM rate; plus the workspace round trip (S·M·N·4 B through L2,
+//   4 MiB at M = 32, N = 4096) and the reduce launch (~2–3 µs). So an estimated ~8 µs (4096²) and ~20 µs
+//   (14336 × 4096) per Q4_K linear at M = 32, against the ~170 µs average implied by the measured decode.
+//   Alternative (the path above kQGemmDequantRows): dequantize once (0.56 B read + 2 B written per Q4_K
+//   weight) then cuBLAS (2 B read): ≥ 4.6 B of HBM traffic per weight, ≥ 18 µs for 4096² — the tile GEMM is
+//   ahead at M ≤ 64 by an estimated 2–3×; its decode repeats per 64-row M tile, so the crossover lies near
+//   M ≈ 192–256 by these counts (M = 512, 4096², Q4_K: 8 tiles × ~5 µs ≈ 41 µs vs 45 µs measured for the
+//   dequantize path). kQGemmDequantRows stays 64 until bench_gpu_kernels.py's M = 64 / 65 rows measure it.
 //   fp32: the CUDA-core FMA rate, like grouped_gemm.cuh.
 #pragma once
 
@@ -101,9 +121,9 @@ __device__ __forceinline__ void quant_gemm_tile(T* __restrict__ out, int64_t ldo
   const int64_t KT = kt_end < 0 ? ceil_div(K, BK) : kt_end;
 
   // X tile kt → stage st (x_vec: cp.async, committed by the caller). Vector copies: thread tid owns column
-  // vector xc = tid % (BK / VE) of rows xr0 + XSTEP·i (i < XN); its row pointers and row predicates are set once,
-  // a tile adds k0. The block formats always take this path (K % 32 == 0; the launcher requires x 16-byte
-  // aligned): their hot loop carries no elementwise fallback.
+  // vector xc = tid % (BK / VE) of rows xr0 + XSTEP·i (i < XN); its row pointers and row predicates are set
+  // once and the pointers advance by BK per tile. The block formats always take this path (K % 32 == 0; the
+  // launcher requires x 16-byte aligned): their hot loop carries no elementwise fallback.
   constexpr int XV = BK / VE, XSTEP = THREADS / XV, XN = BM / XSTEP;
   constexpr bool kTile = kQTileFormat<QT>;
   const int xc = tid % XV, xr0 = tid / XV;
@@ -200,8 +220,9 @@ __device__ __forceinline__ void quant_gemm_tile(T* __restrict__ out, int64_t ldo
     const S* Ws = Xs + BM * LD;
     if constexpr (C::TC) {
       const int wm = warp >> 1, wn = warp & 1;
+      // a warp whose 32 rows all lie past M (M ≤ 32: half the warps) skips its mma (warp-uniform)
 #pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks) {
+      for (int ks = 0; ks < (m0 + 32 * wm < M ? BK / 16 : 0); ++ks) {
         uint32_t a[2][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i) simt::ldmatrix_x4(a[i], tc_a_row(Xs + (32 * wm + 16 * i) * LD + 16 * ks, LD, lane));
@@ -270,9 +291,10 @@ __device__ __forceinline__ void quant_gemm_tile(T* __restrict__ out, int64_t ldo
 
 // ---- dequantize once (the glue's path above kQGemmDequantRows: W → T [N, K], then a dense GEMM) ----------
 // Rows M above which qlinear dequantizes W once and multiplies densely (cuBLAS on the GPU) instead of running
-// the tile GEMM below: the tile GEMM decodes every weight again per 64-row M tile (~1.2 warp-instructions per
-// weight per tile, 2.6 % of its k-loop HMMA), the dequantization once per call (~0.2 warp-instructions and
-// 2 + bytes/QK bytes of memory per weight); from about one M tile on, once wins (docs/kernels.md).
+// the tile GEMM: the tile GEMM decodes every weight again per 64-row M tile (~0.3 warp-instructions per weight
+// per tile, sm_90 Q4_K), the dequantization once per call (2 + bytes/QK bytes of memory per weight, then the
+// dense GEMM's 2). Estimated crossover M ≈ 192–256 (the header's estimate); kept at one M tile until a GPU run
+// measures it (bench_gpu_kernels.py, M = 64 vs 65 rows).
 inline constexpr int64_t kQGemmDequantRows = 64;
 
 // One thread per unit (8 weights, quant_blocks.h) of W [N, K]: the two groups of 4 stored with 8- (16-bit T) or
