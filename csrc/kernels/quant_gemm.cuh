@@ -34,9 +34,9 @@
 // Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): see benchmarks/results/
 // gpu_sass_budget.md (fp16 / bf16 ~110–130).
 // k-loop, sm_90 SASS (nvcc 13, bf16, scripts/sass_budget.py), warp-instructions per K tile per warp (32 HMMA),
-// before → after this design: Q4_K 882 → 303, Q5_K 1003 → 336, Q6_K 1018 → 394, Q4_0 666 → 291, Q4_1 679 →
-// 272, Q8_0 692 → 300 (INT8_ROWWISE keeps its unit decode: ~720); HMMA issue share 6·32 / instructions:
-// Q4_K 22 % → 63 %.
+// before → after this design: Q4_K 882 → 308, Q5_K 1003 → 329, Q6_K 1018 → 390, Q4_0 666 → 284, Q4_1 679 →
+// 271, Q8_0 692 → 294 (INT8_ROWWISE keeps its unit decode: ~710); HMMA issue share 6·32 / instructions:
+// Q4_K 22 % → 62 %.
 // Estimate (from those counts, not measured; H100: 4 · 132 · 1.83 GHz ≈ 0.97·10¹² warp-instructions/s):
 //   a call with M ≤ 64 issues (N / 64)·(K / 64)·4·I warp-instructions (I the count above): Q4_K 4096 × 4096
 //   ≈ 5.0 M → ~5 µs, 14336 × 4096 ≈ 17 M → ~18 µs — issue-bound, at ~0.3 warp-instructions per weight,

@@ -79,7 +79,7 @@ MK_HD void qtile_load16(const uint8_t* p, uint32_t (&v)[4]) {
 
 // The registers one thread holds between fetch and decode (each format fills the fields it uses).
 struct QTileRaw {
-  uint32_t a[4], b[4], h[4];  // quants of run A, of run B (Q8_0, Q6_K), high bits (Q5_K, Q6_K)
+  uint32_t a[4], b[4], hi[4];  // quants of run A, of run B (Q8_0, Q6_K), high bits (Q5_K, Q6_K)
   uint32_t f0, f1;            // fp16 fields (d | dmin << 16, or d | m << 16), Q6_K: d and its two int8 scales
   uint32_t sw[3];             // Q4_K / Q5_K: the 12 packed scale bytes
 };
@@ -127,7 +127,7 @@ __device__ __forceinline__ void qtile_fetch(const uint8_t* row, int t, int hh, i
       r.f0 = load_u32(blk);
       r.sw[0] = load_u32(blk + 4), r.sw[1] = load_u32(blk + 8), r.sw[2] = load_u32(blk + 12);
       qtile_load16<true>(blk + (QT == kQ5_K ? 48 : 16) + 32 * p + 16 * hh, r.a);
-      if constexpr (QT == kQ5_K) qtile_load16<true>(blk + 16 + 16 * hh, r.h);
+      if constexpr (QT == kQ5_K) qtile_load16<true>(blk + 16 + 16 * hh, r.hi);
     } else {  // Q6_K
       const int h = (t >> 1) & 1, nib = t & 1;
       const uint8_t* sc = blk + 192 + 8 * h + 4 * nib + hh;
@@ -135,7 +135,7 @@ __device__ __forceinline__ void qtile_fetch(const uint8_t* row, int t, int hh, i
       r.f1 = static_cast<uint32_t>(sc[0]) | static_cast<uint32_t>(sc[2]) << 8;
       qtile_load16<false>(blk + 64 * h + 16 * hh, r.a);
       qtile_load16<false>(blk + 64 * h + 32 + 16 * hh, r.b);
-      qtile_load16<false>(blk + 128 + 32 * h + 16 * hh, r.h);
+      qtile_load16<false>(blk + 128 + 32 * h + 16 * hh, r.hi);
     }
   }
 }
@@ -171,8 +171,8 @@ __device__ __forceinline__ void qtile_decode(const QTileRaw& r, int t, float (&y
       const int nib = 4 * (t & 1);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        qa[i] = ((((r.a[i] >> nib) & 0x0F0F0F0Fu) | ((r.h[i] >> nib) & 0x03030303u) << 4) ^ 0x20202020u) << 2;
-        qb[i] = ((((r.b[i] >> nib) & 0x0F0F0F0Fu) | ((r.h[i] >> (nib + 2)) & 0x03030303u) << 4) ^ 0x20202020u) << 2;
+        qa[i] = ((((r.a[i] >> nib) & 0x0F0F0F0Fu) | ((r.hi[i] >> nib) & 0x03030303u) << 4) ^ 0x20202020u) << 2;
+        qb[i] = ((((r.b[i] >> nib) & 0x0F0F0F0Fu) | ((r.hi[i] >> (nib + 2)) & 0x03030303u) << 4) ^ 0x20202020u) << 2;
       }
     }
 #pragma unroll
@@ -199,8 +199,8 @@ __device__ __forceinline__ void qtile_decode(const QTileRaw& r, int t, float (&y
       if constexpr (QT == kQ5_K) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          ha[i] = ((r.h[i] >> (2 * p)) & 0x01010101u) << 4;
-          hb[i] = ((r.h[i] >> (2 * p + 1)) & 0x01010101u) << 4;
+          ha[i] = ((r.hi[i] >> (2 * p)) & 0x01010101u) << 4;
+          hb[i] = ((r.hi[i] >> (2 * p + 1)) & 0x01010101u) << 4;
         }
       }
     }
