@@ -37,8 +37,9 @@
 // at H100's 3.35 TB/s, 99 µs at A100's 2.0 TB/s; the GEMV body's estimate applies (quant_gemv.cuh: int8 path 75–85 % of
 // HBM bandwidth at MR = 1, 50–70 % at MR = 8). Grid at T = 1:
 // w1 | w3 I / 2 = 7168 column blocks × 2 working slots; w2 H / 4 = 1024 column blocks × 2 working slots.
-// Prefill: the quant_gemm.cuh tile (its W decode of quant_tile.cuh: ~300 sm_90 warp-instructions per K tile
-// per warp for 32 HMMA, an estimated ~60 % HMMA issue share; no split-K here: the expert slots fill the grid)
+// Prefill: the quant_gemm.cuh tile (its W decode of quant_tile.cuh: 250–380 sm_90 warp-instructions per K tile
+// per warp for 32 HMMA by format, Q4_K 289: an HMMA issue share of 50–76 %; no split-K here: the expert slots
+// fill the grid)
 // serves fp32 and 8 < rows per expert ≤ 64; above, for fp16 / bf16, the glue (glue/moe_quant.h,
 // moe_dequant_tc) dequantizes every expert once (G·N·K elements of T per projection, written and read back
 // once) and runs the tensor-core grouped GEMM of grouped_gemm_tc.cuh (gated: SwiGLU in its epilogue).

@@ -17,8 +17,9 @@
 // Grid (ceil(N / 64), ceil(M / 64), S), 4 warps; S from qgemm_plan below (split-K: about 4 blocks per SM at
 // small M; the splits' fp32 partial sums go to a workspace [S][M][N] and qgemm_splitk_reduce_kernel adds them
 // in split order — deterministic). Per K tile, 2 stages in shared memory:
-//   X tile [BM][LD] of T: cp.async 16-byte copies from per-thread row pointers advanced by one tile per call
-//     (zero-filled past M / K; INT8_ROWWISE rows whose K·sizeof(T) is not a multiple of 16 use plain loads);
+//   X tile [BM][LD] of T: cp.async 16-byte copies, 32 consecutive elements of one row per thread from a row
+//     pointer advanced by one tile per call (zero-filled past M / K; INT8_ROWWISE rows whose K·sizeof(T) is
+//     not a multiple of 16 use plain loads);
 //   W tile [BN][LD]: block formats — thread (r, hh) owns 32 weights of weight row r (quant_tile.cuh): the
 //     loads of tile kt+1 (16-byte runs of quants, the block's scale words) are issued before the mma of tile
 //     kt and decoded after it (scales once per tile, byte-parallel bit work, PRMT + I2FP + FFMA per weight,
@@ -34,12 +35,12 @@
 // Registers (nvcc 13, sm_80 / sm_90, 0 spills; tests/test_nvcc_ptxas.py): see benchmarks/results/
 // gpu_sass_budget.md (fp16 / bf16 ~110–130).
 // k-loop, sm_90 SASS (nvcc 13, bf16, scripts/sass_budget.py), warp-instructions per K tile per warp (32 HMMA),
-// before → after this design: Q4_K 882 → 308, Q5_K 1003 → 329, Q6_K 1018 → 390, Q4_0 666 → 284, Q4_1 679 →
-// 271, Q8_0 692 → 294 (INT8_ROWWISE keeps its unit decode: ~710); HMMA issue share 6·32 / instructions:
-// Q4_K 22 % → 62 %.
+// before → after this design: Q4_K 882 → 287, Q5_K 1003 → 333, Q6_K 1018 → 390, Q4_0 666 → 266, Q4_1 679 →
+// 251, Q8_0 692 → 271 (INT8_ROWWISE keeps its unit decode: 712 → 690); HMMA issue share 6·32 / instructions:
+// Q4_K 22 % → 67 %.
 // Estimate (from those counts, not measured; H100: 4 · 132 · 1.83 GHz ≈ 0.97·10¹² warp-instructions/s):
 //   a call with M ≤ 64 issues (N / 64)·(K / 64)·4·I warp-instructions (I the count above): Q4_K 4096 × 4096
-//   ≈ 5.0 M → ~5 µs, 14336 × 4096 ≈ 17 M → ~18 µs — issue-bound, at ~0.3 warp-instructions per weight,
+//   ≈ 4.7 M → ~5 µs, 14336 × 4096 ≈ 16.5 M → ~17 µs — issue-bound, at ~0.3 warp-instructions per weight,
 //   over the 2–8 µs the packed bytes need at HBM rate; plus the workspace round trip (S·M·N·4 B through L2,
 //   4 MiB at M = 32, N = 4096) and the reduce launch (~2–3 µs). So an estimated ~8 µs (4096²) and ~20 µs
 //   (14336 × 4096) per Q4_K linear at M = 32, against the ~170 µs average implied by the measured decode.
@@ -120,34 +121,28 @@ __device__ __forceinline__ void quant_gemm_tile(T* __restrict__ out, int64_t ldo
   const int tid = threadIdx.x;
   const int64_t KT = kt_end < 0 ? ceil_div(K, BK) : kt_end;
 
-  // X tile kt → stage st (x_vec: cp.async, committed by the caller). Vector copies: thread tid owns column
-  // vector xc = tid % (BK / VE) of rows xr0 + XSTEP·i (i < XN); its row pointers and row predicates are set
-  // once and the pointers advance by BK per tile. The block formats always take this path (K % 32 == 0; the
-  // launcher requires x 16-byte aligned): their hot loop carries no elementwise fallback.
-  constexpr int XV = BK / VE, XSTEP = THREADS / XV, XN = BM / XSTEP;
+  // X tile kt → stage st (x_vec: cp.async, committed by the caller). Vector copies: thread (xr, xh) =
+  // (tid / 2, tid % 2) copies the 32 elements xh·32 … +31 of tile row xr as XN consecutive 16-byte vectors
+  // from one row pointer (set once, advanced by BK per tile: immediate offsets, one predicate for a block
+  // format, whose K % 32 == 0 puts the 32 elements all in or all out). The block formats always take this path
+  // (the launcher requires x 16-byte aligned): their hot loop carries no elementwise fallback.
+  constexpr int XN = 32 / VE;  // vectors per thread: 4 (16-bit), 8 (fp32)
   constexpr bool kTile = kQTileFormat<QT>;
-  const int xc = tid % XV, xr0 = tid / XV;
-  // load_x visits the tiles kt_begin, kt_begin + 1, … in order: xp advances by BK per call (rows ≥ M point
-  // into row 0 and copy no byte).
-  const T* xp[XN];
-  bool xok[XN];
-  int64_t xk = kt_begin * BK + xc * VE;
-#pragma unroll
-  for (int i = 0; i < XN; ++i) {
-    const int64_t m = m0 + xr0 + XSTEP * i;
-    xok[i] = m < M;
-    xp[i] = x + (xok[i] ? m * K : 0) + xk;
-  }
+  const int xr = tid >> 1, xh = tid & 1;
+  // load_x visits the tiles kt_begin, kt_begin + 1, … in order (rows ≥ M point into row 0, copy no byte)
+  const bool xrow_ok = m0 + xr < M;
+  int64_t xk = kt_begin * BK + 32 * xh;
+  const T* xp = x + (xrow_ok ? (m0 + xr) * K : 0) + xk;
   auto load_x = [&](int64_t kt, int st) {
     S* Xs = smem + st * C::stage_elems;
     const int64_t k0 = kt * BK;
     if (kTile || x_vec) {
-      const bool kok = xk < K;  // x_vec: K % VE == 0, a vector is all in or all out
 #pragma unroll
-      for (int i = 0; i < XN; ++i) {
-        simt::cp_async_16_zfill(Xs + (xr0 + XSTEP * i) * LD + xc * VE, xp[i], kok && xok[i] ? 16u : 0u);
-        xp[i] += BK;
+      for (int j = 0; j < XN; ++j) {
+        const bool ok = xrow_ok && (kTile ? xk < K : xk + VE * j < K);  // x_vec: K % VE == 0
+        simt::cp_async_16_zfill(Xs + xr * LD + 32 * xh + VE * j, xp + VE * j, ok ? 16u : 0u);
       }
+      xp += BK;
       xk += BK;
     } else {
       for (int idx = tid; idx < BM * BK; idx += THREADS) {
