@@ -111,20 +111,28 @@ def quant_rows(dev: str, smoke: bool) -> list[Row]:
     shapes = {"q/o 4096×4096": (256, 256)} if smoke else \
         {"q/o 4096×4096": (4096, 4096), "gate/up 14336×4096": (14336, 4096), "down 4096×14336": (4096, 14336)}
     ms = (1, 8) if smoke else (1, 8, 512)
+    # The small-batch GEMM (8 < M ≤ kQGemmDequantRows = 64: the split-K tile GEMM, quant_gemm.cuh) and, at
+    # M = 65, the path above it (W dequantized once to bf16 + cuBLAS): its time at 65 rows stands in for that
+    # alternative at any M ≤ 64 (both of its steps stream W; an estimate), so the rows decide the threshold.
+    small_ms = (16, 65) if smoke else (16, 32, 64, 65)
+    small_formats = ("Q4_K", "Q8_0")
+    small_shapes = ("q/o 4096×4096", "gate/up 14336×4096")
     rows = []
     for fi, name in enumerate(QUANT_FORMATS if not smoke else ("Q4_K", "INT8_ROWWISE")):
         qtype = QFORMATS[name].qtype
         for label, (n, k) in shapes.items():
-            if smoke:
-                label = f"{n}×{k}"
             q, s = _packed(name, n, k, dev, seed=fi)
             wbytes = q.numel() * q.element_size() + (0 if s is None else s.numel() * 4)
-            for m in ms:
-                if m > 8 and name not in ("Q4_K", "Q8_0"):
+            extra = small_ms if name in small_formats and label in small_shapes else ()
+            if smoke:
+                label = f"{n}×{k}"
+            for m in (*ms, *extra):
+                if m > 8 and m not in extra and name not in small_formats:
                     continue  # prefill GEMM: two formats are enough
                 x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dev, torch.bfloat16)
-                rows.append(Row("qlinear", f"{name} {label} M={m}", wbytes + 2 * m * (n + k), 2 * m * n * k,
-                                "compute" if m > 8 else "memory",
+                path = " (dequant + mm)" if m == 65 else " (split-K tile)" if m in extra else ""
+                rows.append(Row("qlinear", f"{name} {label} M={m}{path}", wbytes + 2 * m * (n + k), 2 * m * n * k,
+                                "compute" if m > 65 else "memory",
                                 lambda x=x, q=q, s=s, qtype=qtype: ops.qlinear(x, q, qtype, s)))
     # moe_qgemm: the gated expert projection (w1 | w3 with SwiGLU) of a decode step, T = 1 → 2 rows, 2 experts
     h, i, e = (256, 512, 8) if smoke else (4096, 14336, 8)

@@ -71,13 +71,18 @@ def _proj_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, cpu: bool, 
 
 
 def check(backend: Backend, name: str, dtype: torch.dtype, m: int, offsets: list[int], gated: bool,
-          seed: int, k: int | None = None, n: int = N) -> None:
+          seed: int, k: int | None = None, n: int = N, x_offset: int = 0) -> None:
+    """x_offset > 0: x is passed as a view that many elements into its storage (not 16-byte aligned)."""
     qtype, k, g = QFORMATS[name].qtype, k or _k_for(name), len(offsets) - 1
     q1, s1 = _stack(name, g, n, k, seed)
     q3, s3 = _stack(name, g, n, k, seed + 50) if gated else (None, None)
     x = (torch.randn(m, k, generator=torch.Generator().manual_seed(seed)) * 0.1).to(dtype)  # fp16: no inf gate·up
     offs = torch.tensor(offsets)
     dev = [None if t is None else t.to(backend.device) for t in (x, offs, q1, s1, q3, s3)]
+    if x_offset:
+        storage = torch.zeros(x.numel() + x_offset, dtype=dtype, device=backend.device)
+        dev[0] = storage[x_offset:].view(x.shape)
+        dev[0].copy_(x.to(backend.device))
     got = backend.ops.moe_qgemm(dev[0], dev[1], dev[2], qtype, *dev[3:]).cpu()
     want = reference.moe_qgemm(x, offs, q1, qtype, s1, q3, s3)
     assert got.dtype == dtype and got.shape == (m, n)
@@ -127,6 +132,14 @@ def test_decode_row_counts_and_large_k(backend: Backend) -> None:
         check(backend, "Q4_K", torch.bfloat16, m, offsets, True, seed=m)
     check(backend, "Q8_0", torch.float32, 8, [0, 8], False, seed=3)  # G = 1, MR 8: one slot
     check(backend, "Q4_1", torch.bfloat16, 8, [0, 3, 8], True, seed=4, k=1280)  # two x chunks (KC 1024 at MR 4)
+
+
+@pytest.mark.parametrize("backend", ["emu-forward", "cuda"], indirect=True)
+def test_tile_gemm_x_view_off_16_bytes(backend: Backend) -> None:
+    """The grouped tile GEMM copies x in 16-byte vectors: a view one element into its storage is copied by the
+    glue (14 expected rows per expert: the GEMM)."""
+    for gated in (False, True):
+        check(backend, "Q4_0", torch.bfloat16, 40, [0, 3, 3, 40], gated, seed=8, k=128, x_offset=1)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "emu-forward", "emu-random"], indirect=True)

@@ -108,6 +108,48 @@ def test_tails_and_chunks(backend: Backend, name: str, m: int, n: int, k: int) -
         check(backend, name, dtype, m, n, k, seed=m + n + k)
 
 
+# The tile GEMM's split-K plan (qgemm_plan, quant_gemm.cuh) on the emulator's 132 SMs: these shapes are one
+# or two output tiles, so K is cut into ranges of tps = 3 K tiles of 64 (the plan's minimum), the last one
+# shorter; each split's fp32 sums go to a workspace the reduce kernel adds in split order.
+@pytest.mark.parametrize("backend", EMU, indirect=True)
+@pytest.mark.parametrize(("name", "m", "n", "k"), [
+    ("Q8_0", 17, 13, 416),         # KT 7 (the last tile half past K): splits of 3, 3, 1 tiles
+    ("Q4_0", 33, 65, 352),         # KT 6 (last tile half): 3, 3; two N tiles, the second 1 column
+    ("Q4_1", 24, 9, 480),          # KT 8 (7.5): 3, 3, 2
+    ("Q4_K", 40, 70, 512),         # KT 8: 3, 3, 2; two N tiles
+    ("Q5_K", 64, 3, 768),          # KT 12: four splits of 3; a full 64-row M tile
+    ("Q6_K", 9, 5, 1280),          # KT 20: six splits of 3 and one of 2
+    ("INT8_ROWWISE", 20, 7, 400),  # KT 7 (K not a multiple of 8: the partial unit in the last split)
+])
+def test_split_k_uneven_ranges(backend: Backend, name: str, m: int, n: int, k: int) -> None:
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        check(backend, name, dtype, m, n, k, seed=m + n + k)
+
+
+@pytest.mark.parametrize("backend", ["emu-random"], indirect=True)
+def test_split_k_is_deterministic(backend: Backend) -> None:
+    # The partial sums are added in split order (no atomics): two calls under different random schedules give
+    # the same bits.
+    qweight, _ = packed_weight("Q4_K", 13, 1024, seed=5)
+    x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    first = backend.ops.qlinear(x, qweight, QFORMATS["Q4_K"].qtype)
+    second = backend.ops.qlinear(x, qweight, QFORMATS["Q4_K"].qtype)
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("backend", ["emu-forward", "cuda"], indirect=True)
+def test_gemm_x_view_off_16_bytes(backend: Backend) -> None:
+    # The tile GEMM copies x in 16-byte vectors: a view 2 bytes into its storage is copied by the glue.
+    qweight, _ = packed_weight("Q8_0", 11, 384, seed=6)
+    x = torch.randn(12, 384, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    storage = torch.zeros(x.numel() + 1, dtype=torch.bfloat16, device=backend.device)
+    view = storage[1:].view(x.shape)
+    view.copy_(x.to(backend.device))
+    got = backend.ops.qlinear(view, qweight.to(backend.device), QFORMATS["Q8_0"].qtype).cpu()
+    want = reference.qlinear(x.float(), qweight, QFORMATS["Q8_0"].qtype)
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=REL_TOL[torch.bfloat16] * want.abs().max().item())
+
+
 @pytest.mark.parametrize("backend", ["emu-forward", "cuda"], indirect=True)
 def test_misaligned_qweight_view_and_leading_dims(backend: Backend) -> None:
     qweight, _ = packed_weight("Q4_K", 6, 256)

@@ -87,6 +87,9 @@ inline void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& ex
         const GroupedGemmTcArgs<T> a{kptr<scalar_t>(out), N, kptr<scalar_t>(x), K, kptr<scalar_t>(wd),
                                      gated ? kptr<scalar_t>(wd3) : nullptr, offs, g, M, N, K};
         check_launch(launch_grouped_gemm_tc(a, ceil_div(M, G), stream), op);
+      } else if (QT != kInt8Rowwise && !aligned16(p.x)) {  // the tile GEMM copies x in 16-byte vectors
+        const at::Tensor xa = x.clone();
+        moe_qgemm(out, xa, expert_offsets, qweight, scales, qtype, up_qweight, up_scales);
       } else if (!gated) {
         check_launch(launch_moe_qgemm<T, QT>(p, stream), op);
       } else {

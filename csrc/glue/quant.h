@@ -2,7 +2,8 @@
 // Shapes: M rows, K in features, N out features. M ≤ kGemvMaxRows (decode) runs the GEMV of
 // kernels/quant_gemv.cuh — for fp16 / bf16 x its int8-activation path (x quantized once per call into a
 // workspace, dp4a; error bound in kernels/quant_q8x.cuh), for fp32 x the exact one — up to kQGemmDequantRows
-// the tile GEMM of kernels/quant_gemm.cuh, above W dequantized once to x's dtype and a dense GEMM (at::mm_out:
+// the tile GEMM of kernels/quant_gemm.cuh (K split over the SMs by qgemm_plan, partial sums in an fp32
+// workspace, reduced in a fixed order), above W dequantized once to x's dtype and a dense GEMM (at::mm_out:
 // cuBLAS on the GPU, the CPU's GEMM under the emulator).
 #pragma once
 
@@ -46,8 +47,14 @@ inline void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwei
         at::mm_out(out, x, wd.t());
         return;
       }
-      if (!quant_gemv_rows(M)) {
-        check_launch(launch_quant_gemm<T, QT>(kptr<scalar_t>(out), kptr<scalar_t>(x), wp, sp, M, N, K, ctx.stream()),
+      if (!quant_gemv_rows(M)) {  // the tile GEMM, K split over the SMs (qgemm_plan, kernels/quant_gemm.cuh)
+        // its x copies are 16-byte vectors: a view at another offset is copied (rare: activations are fresh)
+        const at::Tensor xa = QT == kInt8Rowwise || aligned16(x.data_ptr()) ? x : x.clone();
+        const QGemmPlan plan = qgemm_plan(M, N, K, ctx.sm_count());
+        at::Tensor ws;
+        if (plan.splits > 1) ws = at::empty({plan.workspace_floats}, x.options().dtype(at::kFloat));
+        check_launch(launch_quant_gemm<T, QT>(kptr<scalar_t>(out), kptr<scalar_t>(xa), wp, sp, M, N, K, ctx.stream(),
+                                              plan, ws.defined() ? ws.data_ptr<float>() : nullptr),
                      op);
         return;
       }

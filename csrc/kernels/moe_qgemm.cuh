@@ -39,7 +39,9 @@
 // w1 + w3): T = 1 (2 experts) 73.8 µs = 42 % of the 4221 GB/s copy bandwidth, T = 16 (8 experts) 559 µs = 22 %.
 // Grid at T = 1:
 // w1 | w3 I / 2 = 7168 column blocks × 2 working slots; w2 H / 4 = 1024 column blocks × 2 working slots.
-// Prefill: the quant_gemm.cuh tile (issue-bound on the W decode, an estimated 5–10 % of the mma.sync peak)
+// Prefill: the quant_gemm.cuh tile (its W decode of quant_tile.cuh: 250–380 sm_90 warp-instructions per K tile
+// per warp for 32 HMMA by format, Q4_K 289: an HMMA issue share of 50–76 %; no split-K here: the expert slots
+// fill the grid)
 // serves fp32 and 8 < rows per expert ≤ 64; above, for fp16 / bf16, the glue (glue/moe_quant.h,
 // moe_dequant_tc) dequantizes every expert once (G·N·K elements of T per projection, written and read back
 // once) and runs the tensor-core grouped GEMM of grouped_gemm_tc.cuh (gated: SwiGLU in its epilogue).
@@ -175,17 +177,20 @@ cudaError_t launch_moe_qgemv(const MoeQArgs<T>& p, cudaStream_t stream, void* wo
   return launch_moe_qgemv_mr<T, QT, 8>(p, R, xq, stream);
 }
 
-// Plain only (p.w3 == nullptr) over the segments with the 64 × 64 tile GEMM.
+// Plain only (p.w3 == nullptr) over the segments with the 64 × 64 tile GEMM (block formats: w 4-byte aligned,
+// kQTileAlign, and x 16-byte aligned, else cudaErrorMisalignedAddress).
 template <typename T, int32_t QT>
 cudaError_t launch_moe_qgemm(const MoeQArgs<T>& p, cudaStream_t stream) {
   using C = QGemmTile<T>;
   if (p.w3) return cudaErrorInvalidValue;
   if (const cudaError_t err = moe_q_args_ok<T, QT>(p); err != cudaSuccess) return err;
+  if (QT != kInt8Rowwise && reinterpret_cast<uintptr_t>(p.w) % kQTileAlign != 0) return cudaErrorMisalignedAddress;
   if (p.M == 0 || p.N == 0) return cudaSuccess;
   const int64_t R = moe_q_row_bytes<T, QT>(p.K);
   const int64_t slots = grouped_slots(p.M, p.G, C::BM, true), n_tiles = ceil_div(p.N, C::BN);
   if (slots > 0x7fffffff || n_tiles > 65535) return cudaErrorInvalidConfiguration;
   const bool x_vec = aligned16(p.x) && p.K % C::VE == 0;
+  if (kQTileFormat<QT> && !x_vec) return cudaErrorMisalignedAddress;
   const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(n_tiles));
   return simt::launch(moe_qgemm_kernel<T, QT>, grid, dim3(C::THREADS), C::smem_bytes(), stream, p, R, x_vec);
 }
