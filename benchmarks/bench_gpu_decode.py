@@ -36,7 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
-from common import bench_parser, copy_bandwidth_gbs, device_name, gpu_device, markdown_table  # noqa: E402
+from common import (bench_parser, copy_bandwidth_gbs, device_name, gpu_device, markdown_table,  # noqa: E402
+                    results_dir)
 from roofline import batch_step_bytes  # noqa: E402
 
 from mistral_kernels import ops  # noqa: E402
@@ -132,7 +133,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per row (median)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results", help="directory of gpu_decode.md")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory of gpu_decode.md (default: benchmarks/results; a --smoke run: a temporary directory)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     if any(m not in MODELS for m in models):
@@ -159,6 +161,7 @@ def main() -> None:
               f"{context:.0f}; median of {args.repeat} run(s); measured"
               f"{'' if gpu else ' (CPU smoke run: tiny configs, figures meaningless)'}. "
               f"Command: `python benchmarks/bench_gpu_decode.py {' '.join(sys.argv[1:])}`")
+    args.out = results_dir(args.out, args.smoke, ROOT / "results")
     args.out.mkdir(parents=True, exist_ok=True)
     for kind in models:
         c = full_config(kind, args.smoke)

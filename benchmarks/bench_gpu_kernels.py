@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 import bench_attention  # noqa: E402
 from common import (bench_parser, copy_bandwidth_gbs, dense_bf16_peak_tflops, device_name, gpu_device,  # noqa: E402
-                    flushed_cuda_time, l2_bytes, l2_flush_buffer, markdown_table, median_time)
+                    flushed_cuda_time, l2_bytes, l2_flush_buffer, markdown_table, median_time, results_dir)
 
 from mistral_kernels import ops  # noqa: E402
 
@@ -158,7 +158,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda[:N] (default) or cpu (with --smoke: checks the script)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (any device): runs every code path quickly")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
-    ap.add_argument("--out", type=Path, default=ROOT / "results", help="directory of gpu_kernels.md")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory of gpu_kernels.md (default: benchmarks/results; a --smoke run: a temporary directory)")
     args = ap.parse_args()
     parts = [p for p in args.parts.split(",") if p]
     if any(p not in PARTS for p in parts):
@@ -185,6 +186,7 @@ def main() -> None:
               f"{'' if gpu else ' (CPU smoke run: no flush, tiny shapes, figures meaningless)'}; measured, "
               f"median of 20 calls, device index checks off (as in the engine). "
               f"Command: `python benchmarks/bench_gpu_kernels.py {' '.join(sys.argv[1:])}`")
+    args.out = results_dir(args.out, args.smoke, ROOT / "results")
     args.out.mkdir(parents=True, exist_ok=True)
     for part in parts:
         if part == "quant" and importlib.util.find_spec("gguf") is None:

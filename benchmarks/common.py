@@ -38,6 +38,19 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def results_dir(out: Path | None, smoke: bool, results: Path) -> Path:
+    """Where a GPU benchmark writes its table: ``--out`` if given; else ``results`` (benchmarks/results) for a
+    real run, and a fresh temporary directory for a ``--smoke`` run — a smoke run's meaningless figures never
+    overwrite a measured table."""
+    if out is not None:
+        return out
+    if smoke:
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix="smoke_"))
+    return results
+
+
 def gpu_device(ap: argparse.ArgumentParser, device: str, smoke: bool, cpu_instead: str) -> bool:
     """Whether ``device`` is a CUDA device, after refusing what cannot run: a CUDA device that is not
     reachable, and a CPU run without ``--smoke`` (``cpu_instead`` names the CPU benchmark to use)."""
