@@ -11,7 +11,6 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.speculative import Proposal, SpeculativeConfig
 from mistral_kernels.structured import Choice, JsonSchema, Regex
-from mistral_kernels.tokenization import Tokenizer
 
 from .helpers.engine import CharTokenizer
 from .helpers.model_helpers import random_model
@@ -191,22 +189,6 @@ def test_greedy_identical_on_the_default_model_json_regex_choice() -> None:
 TINY = "abcdefg!"  # '!' = EOS
 
 
-class TinyTokenizer(Tokenizer):
-    kind = "toy"
-    bos_id = None
-    eos_ids = frozenset({7})
-    vocab_size = len(TINY)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [TINY.index(c) for c in text]
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(TINY[i] for i in ids if not (skip_special_tokens and i in self.eos_ids))
-
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(" ".join(m["content"] for m in messages))
-
-
 CONFIG = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=48, vocab_size=8,
                      max_position=128, sliding_window=12, eos_token_ids=(7,))
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]  # repetitive: the n-gram proposer has something to propose
@@ -240,7 +222,7 @@ def tiny_model():
 
 
 def _samples(model, spec, proposer, seed0: int) -> tuple[Counter, Engine]:
-    engine = Engine(model, TinyTokenizer(), num_blocks=600, block_size=4, max_batch=48, max_tokens_per_step=1024,
+    engine = Engine(model, CharTokenizer(TINY), num_blocks=600, block_size=4, max_batch=48, max_tokens_per_step=1024,
                     speculative=spec, proposer=proposer)
     params = dict(temperature=0.9, top_k=7, repetition_penalty=1.2, max_new_tokens=5, ignore_eos=True,
                   structured=Regex(PATTERN))
@@ -264,7 +246,7 @@ def test_masked_distribution_equals_plain_sampling(tiny_model, method: str) -> N
     second = chi_square_p(Counter(k[:1] for k in plain.elements()), Counter(k[:1] for k in got.elements()))
     assert second[0] > 1e-3, second  # the 2nd token alone, where the grammar forbids SkewedDraft's favourite
     # the same check tells the unmasked distribution apart (it can fail)
-    free = Engine(tiny_model, TinyTokenizer(), num_blocks=600, block_size=4, max_batch=48,
+    free = Engine(tiny_model, CharTokenizer(TINY), num_blocks=600, block_size=4, max_batch=48,
                   max_tokens_per_step=1024).generate(
         [(PROMPT, SamplingParams(seed=i, temperature=0.9, top_k=7, repetition_penalty=1.2, max_new_tokens=5,
                                  ignore_eos=True)) for i in range(N)])

@@ -18,18 +18,21 @@ ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTU.!"  # toy vocabular
 
 
 class CharTokenizer(Tokenizer):
-    """One character per token; id 49 ('!') is EOS."""
+    """One character per token of ``alphabet`` (default ALPHABET: id 49); its last character is EOS."""
 
     kind = "toy"
     bos_id = None
-    eos_ids = frozenset({49})
-    vocab_size = len(ALPHABET)
+
+    def __init__(self, alphabet: str = ALPHABET) -> None:
+        self.alphabet = alphabet
+        self.eos_ids = frozenset({len(alphabet) - 1})
+        self.vocab_size = len(alphabet)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ALPHABET.index(c) for c in text]
+        return [self.alphabet.index(c) for c in text]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(ALPHABET[i] for i in ids if not (skip_special_tokens and i in self.eos_ids))
+        return "".join(self.alphabet[i] for i in ids if not (skip_special_tokens and i in self.eos_ids))
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> list[int]:
         return self.encode(" ".join(m["content"] for m in messages))
