@@ -16,7 +16,7 @@ from mistral_kernels.config import ModelConfig
 from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.speculative import Proposal, SpeculativeConfig
-from mistral_kernels.speculative import cost as cost_module
+from mistral_kernels import engine_sizing
 from mistral_kernels.speculative.cost import ACCEPTANCE_DECAY, PROBE_SHARE, Acceptance, CostModel, measure_row_cost
 
 from .helpers.engine import CharTokenizer
@@ -101,7 +101,7 @@ def test_row_cost_is_measured_from_decode_shaped_forwards(monkeypatch) -> None:
             now[0] += 3.0 + 1.0 * n if n < 16 else 100.0  # the prefill of the context: any time
             return torch.zeros(n, 32)
 
-    monkeypatch.setattr(cost_module.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(engine_sizing.time, "perf_counter", lambda: now[0])  # the clock of engine_sizing.fastest
     assert measure_row_cost(Timed(), 16, 5) == pytest.approx(1.0 / 4.0)
     assert calls[0] == 64 + 5 and sorted(set(calls[1:])) == [1, 5]  # context prefilled, then the two shapes
 

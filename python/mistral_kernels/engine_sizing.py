@@ -27,8 +27,9 @@ Tensor-parallel ranks must schedule identically: rank 0's sizes are broadcast to
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -38,7 +39,8 @@ from .memory import available_memory
 from .ops import device_index_checks
 
 __all__ = ["EngineSizes", "KV_MEMORY_SHARE", "MAX_BATCH", "MAX_STEP_TOKENS", "MIN_STEP_TOKENS", "PROBE_TOKENS",
-           "SEQUENCE_TOKENS", "STEP_SECONDS", "batch_cap", "engine_sizes", "measure_prefill_rate", "step_budget"]
+           "SEQUENCE_TOKENS", "STEP_SECONDS", "ScratchForward", "batch_cap", "engine_sizes", "fastest",
+           "measure_prefill_rate", "scratch_forward", "step_budget"]
 
 STEP_SECONDS = 0.5  # latency target of one engine step
 MIN_STEP_TOKENS = 64  # below it a step is mostly per-step overhead
@@ -90,34 +92,52 @@ def batch_cap(config: ModelConfig, dtype: torch.dtype, available: int | None, bl
     return max(1, min(MAX_BATCH, fit))
 
 
-@torch.no_grad()
-def measure_prefill_rate(model: Any, block_size: int, tokens: int = PROBE_TOKENS) -> float:
-    """Prefill tokens/s of ``model`` on its device: a fresh sequence of ``tokens`` tokens into a scratch KV cache
-    of its own, once to warm up, then the faster of two timed forwards."""
+ScratchForward = Callable[[Sequence[int], Sequence[int], Optional[Sequence[int]]], None]
+
+
+def scratch_forward(model: Any, block_size: int, tokens: int) -> ScratchForward:
+    """``forward(cached, new, logits_sequences=None)`` over one scratch sequence of ``tokens`` fixed ids [T] in a
+    KV cache of its own: rows b = 0 … len(cached) - 1 all read that sequence's block table, row b after
+    cached[b] tokens adding new[b] (ids cached[0] … cached[0] + Σ new - 1); synchronized, logits dropped. The
+    start-up measurements time it (:func:`measure_prefill_rate`, speculative.cost.measure_row_cost)."""
     config = model.config
     device = torch.device(model.device)
-    tokens = min(tokens, config.max_position)
     n_blocks = -(-tokens // block_size)
     cache = model.new_cache(n_blocks + 1, block_size)  # + the null block 0
     table = list(range(1, n_blocks + 1))
     ids = (torch.arange(tokens, device=device, dtype=torch.int64) * 7919 + 11) % config.vocab_size  # [T]
 
-    def forward(n: int) -> None:
-        batch = AttentionBatch.build([table], [0], [n], block_size, device, logits_sequences=[0],
+    @torch.no_grad()
+    def forward(cached: Sequence[int], new: Sequence[int], logits_sequences: Sequence[int] | None = None) -> None:
+        batch = AttentionBatch.build([table] * len(cached), cached, new, block_size, device, logits_sequences,
                                      num_blocks=n_blocks + 1, max_position=config.max_position)
         with device_index_checks(False):  # validated on the host by AttentionBatch.build
-            logits = model.forward(ids[:n], batch, cache)  # [1, V]
+            logits = model.forward(ids[cached[0]:cached[0] + sum(new)], batch, cache)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         del logits
 
-    forward(tokens)  # warm-up: the first forward of a shape pays for one-time setup
+    return forward
+
+
+def fastest(run: Callable[[], None]) -> float:
+    """Seconds of ``run()``: once to warm up (the first call of a shape pays for one-time setup), then the faster
+    of two timed calls — the machine's speed, less what other processes took."""
+    run()
     best = float("inf")
-    for _ in range(2):  # the faster of two: the machine's speed, less what other processes took
+    for _ in range(2):
         t0 = time.perf_counter()
-        forward(tokens)
+        run()
         best = min(best, time.perf_counter() - t0)
-    return tokens / max(best, 1e-9)
+    return max(best, 1e-9)
+
+
+def measure_prefill_rate(model: Any, block_size: int, tokens: int = PROBE_TOKENS) -> float:
+    """Prefill tokens/s of ``model`` on its device: a fresh sequence of ``tokens`` tokens into a scratch KV cache
+    of its own (:func:`scratch_forward`), timed by :func:`fastest`."""
+    tokens = min(tokens, model.config.max_position)
+    forward = scratch_forward(model, block_size, tokens)
+    return tokens / fastest(lambda: forward([0], [tokens], [0]))
 
 
 def engine_sizes(model: Any, dtype: torch.dtype, block_size: int, max_batch: int | None,

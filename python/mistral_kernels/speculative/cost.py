@@ -37,14 +37,10 @@ then one probe row per 36 steps (0.7 of a step each: ~2 %).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from ..batch import AttentionBatch
-from ..ops import device_index_checks
+from ..engine_sizing import fastest, scratch_forward
 
 __all__ = ["ACCEPTANCE_DECAY", "PROBE_CONTEXT", "PROBE_SHARE", "Acceptance", "CostModel", "measure_row_cost"]
 
@@ -104,38 +100,14 @@ class CostModel:
         return max(1, math.ceil(self.row_cost / PROBE_SHARE - 1e-9))
 
 
-@torch.no_grad()
 def measure_row_cost(model: Any, block_size: int, rows: int) -> float:
     """ρ of ``model`` on its device (module docstring): one sequence of :data:`PROBE_CONTEXT` tokens prefilled into
     a scratch KV cache, then decode-shaped forwards of 1 and of ``rows`` single-token rows after it."""
     if rows < 2:
         raise ValueError(f"measure_row_cost: rows must be ≥ 2, got {rows}")
-    config = model.config
-    device = torch.device(model.device)
-    context = max(1, min(PROBE_CONTEXT, config.max_position - rows))
-    n_blocks = -(-(context + rows) // block_size)
-    cache = model.new_cache(n_blocks + 1, block_size)  # + the null block 0
-    table = list(range(1, n_blocks + 1))
-    ids = (torch.arange(context + rows, device=device, dtype=torch.int64) * 7919 + 11) % config.vocab_size  # [T+N]
-
-    def forward(cached: list[int], new: list[int]) -> None:
-        batch = AttentionBatch.build([table] * len(cached), cached, new, block_size, device,
-                                     num_blocks=n_blocks + 1, max_position=config.max_position)
-        with device_index_checks(False):  # validated on the host by AttentionBatch.build
-            logits = model.forward(ids[cached[0]:cached[0] + sum(new)], batch, cache)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        del logits
-
+    context = max(1, min(PROBE_CONTEXT, model.config.max_position - rows))
+    forward = scratch_forward(model, block_size, context + rows)
     forward([0], [context + rows])  # the context's k/v (and the verify rows' slots) written once
-    best = {}
-    for n in (1, rows):
-        shape = ([context + j for j in range(n)], [1] * n)  # n single-token rows of one sequence
-        forward(*shape)  # warm-up of the shape
-        t = float("inf")
-        for _ in range(2):  # the faster of two: the machine's speed, less what other processes took
-            t0 = time.perf_counter()
-            forward(*shape)
-            t = min(t, time.perf_counter() - t0)
-        best[n] = max(t, 1e-9)
+    best = {n: fastest(lambda n=n: forward([context + j for j in range(n)], [1] * n))  # n single-token rows
+            for n in (1, rows)}
     return max(0.0, (best[rows] / best[1] - 1.0) / (rows - 1))
