@@ -92,7 +92,7 @@ class QuantizedWeight:
         """``x @ W.T``: x [..., K] → [..., N] by ``kernels.qlinear`` (fp32 accumulation, x's dtype)."""
         if len(self.shape) != 2:
             raise ValueError(f"linear: weight must be a matrix [N, K], got an expert stack {list(self.shape)}")
-        if self.quantize_x and x.dtype == torch.float32:  # bf16 in, fp32 out (the fused decode step's rounding)
+        if self.quantize_x and x.dtype == torch.float32:  # bf16 in; the bf16 product widened to fp32
             y = kernels.qlinear(x.to(torch.bfloat16), self.qweight, self.qtype, self.scales).to(torch.float32)
             return y if out is None else out.copy_(y)
         return kernels.qlinear(x, self.qweight, self.qtype, self.scales, out=out)
@@ -123,15 +123,15 @@ class QuantizedWeight:
         """The same weight on ``device`` (self when it is there already)."""
         if self.qweight.device == torch.device(device):
             return self
-        return QuantizedWeight(self.qweight.to(device), self.qtype, self.shape,
-                               None if self.scales is None else self.scales.to(device), self.quantize_x)
+        return dataclasses.replace(self, qweight=self.qweight.to(device),
+                                   scales=None if self.scales is None else self.scales.to(device))
 
     def __getitem__(self, e: int) -> QuantizedWeight:
         """Expert ``e`` of a stack [E, N, K] → [N, K] (a view, no copy)."""
         if len(self.shape) != 3:
             raise ValueError(f"QuantizedWeight: indexing needs an expert stack [E, N, K], got {list(self.shape)}")
-        return QuantizedWeight(self.qweight[e], self.qtype, self.shape[1:],
-                               None if self.scales is None else self.scales[e], self.quantize_x)
+        return dataclasses.replace(self, qweight=self.qweight[e], shape=self.shape[1:],
+                                   scales=None if self.scales is None else self.scales[e])
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The dense weight [.., N, K] in ``dtype`` (GGUF formats decoded by the ``gguf`` package)."""
@@ -220,7 +220,6 @@ def quantize_int8(w: torch.Tensor, chunk_rows: int = 4096) -> QuantizedWeight:
         scales[a:a + chunk_rows] = s
         q[a:a + chunk_rows] = torch.round(w32 / torch.where(s > 0, s, 1.0).unsqueeze(-1)).clamp_(-127, 127)
     return QuantizedWeight(q.view(w.shape), INT8_ROWWISE, tuple(w.shape), scales.view(w.shape[:-1]))
-
 
 
 def quantize_x_for(activations: str, dtype: torch.dtype) -> bool:
