@@ -146,6 +146,8 @@ def test_quantize_x_rules(gguf_files: dict[str, Path]) -> None:
     assert quantize_x_for("int8", torch.bfloat16) and not quantize_x_for("exact", torch.float32)
     with pytest.raises(ValueError, match="activations='exact' needs fp32 activations"):
         quantize_x_for("exact", torch.bfloat16)
+    with pytest.raises(ValueError, match="activations='int8' needs fp32 or bf16 activations"):
+        quantize_x_for("int8", torch.float16)  # the fused step would refuse fp16 x at the first decode
     with pytest.raises(ValueError, match="activations must be one of"):
         quantize_x_for("fp8", torch.float32)
 

@@ -73,7 +73,8 @@ class LLM:
     activations : how fp32 activations enter the quantized (packed) matrices' products: ``"auto"`` (default)
         rounds them to bf16 and quantizes them to int8 per block in every packed matmul, as llama.cpp does
         (the residual stream, norms and attention stay fp32; accuracy in the README's "Quantized models"),
-        ``"exact"`` multiplies them in fp32 with the exactly decoded weights (slower), ``"int8"`` = auto.
+        ``"exact"`` multiplies them in fp32 with the exactly decoded weights (slower); ``"int8"`` = auto,
+        refused for fp16 activations.
     speculative : speculative decoding (:mod:`mistral_kernels.speculative`): a :class:`SpeculativeConfig`, or
         "ngram" for its defaults; None (default) = off. Method "draft" loads ``draft_model`` on the same device,
         in the same dtype, and checks it shares the target's vocabulary (ValueError otherwise).

@@ -226,10 +226,14 @@ def quantize_x_for(activations: str, dtype: torch.dtype) -> bool:
     """Whether packed matrices get ``quantize_x`` (:func:`with_quantized_activations`), from the activations
     choice and the model's activation dtype: ``auto`` — yes for fp32 activations (llama.cpp's default: 8-bit
     activations in every quantized matmul, the residual stream and attention in full precision), ``int8`` —
-    yes, ``exact`` — no: fp32 products of the exactly decoded weights, which needs fp32 activations (bf16 / fp16
-    x take the int8 paths where a kernel has them)."""
+    yes for fp32 / bf16 activations, ``exact`` — no: fp32 products of the exactly decoded weights, which needs fp32
+    activations (bf16 / fp16 x take the int8 paths where a kernel has them). fp16 activations take neither
+    choice explicitly: their path is the device's (CUDA's GEMV quantizes them, the CPU multiplies exactly)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {list(ACTIVATIONS)}, got {activations!r}")
+    if activations == "int8" and dtype == torch.float16:
+        raise ValueError("activations='int8' needs fp32 or bf16 activations, got torch.float16 (its quantized "
+                         "matmuls follow the device: int8 on CUDA, exact on the CPU); use activations='auto'")
     if activations == "exact" and dtype != torch.float32:
         raise ValueError(f"activations='exact' needs fp32 activations (dtype float32), got {dtype}; "
                          "use --dtype float32 or activations='auto'")
