@@ -78,6 +78,10 @@ from mistral_kernels.default_model import default_model_path  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 FILES = ("q4_1", "bf16", "f32")
+# ours on the quantized file as is: name → (label, activation dtype, quantized, activations)
+NATIVE = {"default": ("native, fp32 act., int8 in the matmuls (default)", torch.float32, True, "auto"),
+          "bf16": ("native, bf16 act.", torch.bfloat16, True, "auto"),
+          "exact": ("native, fp32 act., exact", torch.float32, True, "exact")}
 CONVERT = {"bf16": "BF16", "f32": "F32"}  # llama-quantize type names
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -232,6 +236,9 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="prompt = README.md's first N tokens (0: the chat-formatted question)")
     ap.add_argument("--no-completion", action="store_true", help="llama-bench only (no llama-completion runs)")
+    ap.add_argument("--native", default=",".join(NATIVE),
+                    help=f"our configurations on the quantized file, a subset of {','.join(NATIVE)} (each holds "
+                         "its own copy of the weights: a 7B file fits 24 GB with one or two)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cpu_llamacpp.md")
     args = ap.parse_args()
     if args.llama_bin is None:
@@ -240,6 +247,9 @@ def main() -> None:
     bad = [f for f in files if f not in FILES]
     if bad or not files:
         ap.error(f"--files: expected a comma-separated subset of {','.join(FILES)}, got {args.files!r}")
+    natives = [n.strip() for n in args.native.split(",") if n.strip()]
+    if not natives or any(n not in NATIVE for n in natives):
+        ap.error(f"--native: expected a comma-separated subset of {','.join(NATIVE)}, got {args.native!r}")
     if args.rounds < 1 or args.new_tokens < 2 or args.threads < 1:
         ap.error("--rounds and --threads must be >= 1, --new-tokens >= 2")
     torch.set_num_threads(args.threads)
@@ -265,9 +275,7 @@ def main() -> None:
         # Ours per file: Q4_1 native (two activation dtypes), the others dense from the Q4_1 file.
         ours: dict[str, list[Ours]] = {}
         for f in files:
-            configs = [("native, fp32 act., int8 in the matmuls (default)", torch.float32, True, "auto"),
-                       ("native, bf16 act.", torch.bfloat16, True, "auto"),
-                       ("native, fp32 act., exact", torch.float32, True, "exact")] \
+            configs = [NATIVE[n] for n in natives] \
                 if f == "q4_1" else [(f"dense {f}", DTYPES['bf16' if f == 'bf16' else 'fp32'], False, "auto")]
             ours[f] = [Ours(label, mistral_kernels.LLM(model_path, dtype=dt, quantized=q, max_batch=1,
                                                        prefix_caching=False, activations=act))

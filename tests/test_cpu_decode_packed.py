@@ -152,6 +152,19 @@ def test_quantize_x_rules(gguf_files: dict[str, Path]) -> None:
         quantize_x_for("fp8", torch.float32)
 
 
+def test_int8_activations_without_packed_matrices_are_refused(gguf_files: dict[str, Path]) -> None:
+    """activations='int8' on a model whose matrices are all dense would change nothing: refused at load, naming
+    the choice; 'auto' loads the same file dequantized, and 'int8' its packed form."""
+    from mistral_kernels.loading import load_model
+
+    path = gguf_files["Q4_K"]
+    with pytest.raises(ValueError, match="activations='int8'.*has none; use activations='auto'"):
+        load_model(path, quantized=False, activations="int8")
+    assert isinstance(load_model(path, quantized=False).layers[0].wo, torch.Tensor)
+    wo = load_model(path, activations="int8").layers[0].wo
+    assert isinstance(wo, QuantizedWeight) and wo.quantize_x
+
+
 def _op_args(model: Model, dtype: torch.dtype, g: torch.Generator) -> list:
     """Arguments of ops.decode_layers for one step of B = 3 rows (the last a padding row), over a cache of
     random K/V, with the model's (packed) per-layer matrices."""

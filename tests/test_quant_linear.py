@@ -86,6 +86,33 @@ def test_qlinear_fp16_leading_dims_and_out(name: str) -> None:
         _check(name, x.reshape(-1, k), qweight, scales, out.reshape(-1, 9))
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_qlinear_int8_rows_long_k_and_row_invariance(name: str) -> None:
+    # bf16 x at M <= 16 on the int8 paths with K spanning whole groups of 256 and, for the 32-blocks, a tail (K = 576:
+    # SmolLM2's; 2 groups + 2 blocks; the AVX512-VNNI kernel arranges each group's lanes by block, the tail per
+    # chunk): within the bound, random bytes included (extreme codes and scales), a NaN row NaN, and every row of an
+    # M-row call equal bit for bit to the same row alone — the property that makes a speculative verify row equal
+    # the plain decode of its token.
+    qk = QFORMATS[name].block
+    qtype = QFORMATS[name].qtype
+    for k in ((576, 1024) if qk == 32 else (768, 1280)):
+        for random_bytes in (False, True):
+            qweight, _ = random_qweight(name, 19, k, seed=k + random_bytes, random_bytes=random_bytes)
+            g = torch.Generator().manual_seed(k)
+            x = (torch.randn(16, k, generator=g) * torch.rand(16, k, generator=g) * 3).to(torch.bfloat16)
+            x[2, k // 3] = float("nan")
+            for m in (1, 2, 3, 5, 8, 16):
+                out = ops.qlinear(x[:m], qweight, qtype)
+                if m > 2:
+                    assert out[2].isnan().all(), (name, k, m)
+                keep = torch.arange(m) != 2
+                _check(name, x[:m][keep], qweight, None, out[keep])
+                for i in range(m):
+                    if i != 2:
+                        alone = ops.qlinear(x[i:i + 1], qweight, qtype)
+                        assert torch.equal(out[i], alone[0]), (name, k, m, i, random_bytes)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_qlinear_prefill_spans_several_weight_tiles(dtype: torch.dtype) -> None:
     # The GEMM path dequantizes W in equal tiles of <= ~1 MB (kTileBytes), a multiple of the thread count: N = 700

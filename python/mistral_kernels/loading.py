@@ -14,7 +14,10 @@ import torch
 from .checkpoint import Checkpoint, opened
 from .model import Model
 from .parallel import ParallelContext, ShardedModel
-from .quant_weight import quantize_x_for, with_quantized_activations
+from .quant_weight import has_packed_matrices, quantize_x_for, with_quantized_activations
+
+_NO_PACKED_INT8 = ("activations='int8' (--activations int8) quantizes the activations of packed (quantized) matrices, "
+                   "and this model has none; use activations='auto'")
 
 __all__ = ["load_model"]
 
@@ -43,11 +46,16 @@ def load_model(checkpoint: Checkpoint | str | Path, *, device: torch.device | st
     """
     if parallel is not None and quantize is not None:
         raise ValueError("quantize (--quantize) is not supported with tensor parallelism (--tp)")
+    if parallel is not None and activations == "int8":
+        raise ValueError(_NO_PACKED_INT8 + " (with tensor parallelism (--tp) a GGUF loads dequantized)")
     with opened(checkpoint) as ckpt:
         quantize_x = quantize_x_for(activations, dtype if dtype is not None else ckpt.default_dtype(device))
         if parallel is None:
             weights = ckpt.load(device, dtype, progress=progress, quantized=quantized, quantize=quantize,
                                 check_tensors=check_tensors)
+            if activations == "int8" and not has_packed_matrices(weights):
+                raise ValueError(_NO_PACKED_INT8 + " (a dense checkpoint, or a GGUF loaded with quantized=False / "
+                                 "--dequantize; quantize='int8' / --quantize int8 packs one)")
             return Model(ckpt.config, with_quantized_activations(weights) if quantize_x else weights)
         weights = ckpt.load(device, dtype, progress=progress, shard=parallel.shard, check_tensors=check_tensors)
         return ShardedModel(ckpt.config, weights, parallel)

@@ -32,7 +32,7 @@ from .activations import ACTIVATIONS
 from .packed_moe import packed_moe
 from .quant_formats import INT8_ROWWISE, QFORMAT_BY_CODE, QFormat, dequantize, weight_nbytes
 
-__all__ = ["format_names", "FusedWeight", "PackedWeight", "quantize_int8", "quantize_x_for",
+__all__ = ["format_names", "FusedWeight", "has_packed_matrices", "PackedWeight", "quantize_int8", "quantize_x_for",
            "QuantizedWeight", "Weight", "weight_bytes", "with_quantized_activations"]
 
 
@@ -238,6 +238,13 @@ def quantize_x_for(activations: str, dtype: torch.dtype) -> bool:
         raise ValueError(f"activations='exact' needs fp32 activations (dtype float32), got {dtype}; "
                          "use --dtype float32 or activations='auto'")
     return activations == "int8" or (activations == "auto" and dtype == torch.float32)
+
+
+def has_packed_matrices(weights: dict[str, Any]) -> bool:
+    """Whether any weight is a packed matrix [N, K] (a 2-D :class:`QuantizedWeight` or a :class:`FusedWeight`):
+    what ``quantize_x`` (:func:`with_quantized_activations`) applies to."""
+    return any((isinstance(w, QuantizedWeight) and len(w.shape) == 2) or isinstance(w, FusedWeight)
+               for w in weights.values())
 
 
 def with_quantized_activations(weights: dict[str, Any]) -> dict[str, Any]:

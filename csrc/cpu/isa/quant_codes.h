@@ -203,12 +203,27 @@ inline void dot_rows_q8(const uint8_t* row, int64_t R, int64_t nblocks, const in
     }
 }
 
+#include "quant_q8_lanes.h"  // AVX512-VNNI levels: lanes by block (dot_rows_q8l, transpose_x_group)
+
 // y[M, n] for n in [n0, n1) from x quantized by quantize_x_q8 (xq [M, K], dx / xs [M, C]).
 template <int32_t QT, typename OUT>
 void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx, const float* xs, int64_t M, OUT* y,
                   int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, C = K / 32;
+#if defined(MK_QUANT_Q8_LANES)
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m = 0;
+    auto pass = [&]<int MB>() {
+      dot_rows_q8l<QT, MB>(w + n * R, nblocks, xq + m * K, K, dx + m * C, xs + m * C, C, y + m * ldy + n, ldy);
+      m += MB;
+    };
+    while (M - m >= 8) pass.template operator()<8>();
+    if (M - m >= 4) pass.template operator()<4>();
+    if (M - m >= 2) pass.template operator()<2>();
+    if (M - m >= 1) pass.template operator()<1>();
+  }
+#else
   constexpr int kNB = 4;  // rows of W per pass at M = 1
   float mins_stack[kNB * 512];  // no allocation up to K = 16384
   FloatBuf mins_heap(C > 512 ? kNB * C : 0);
@@ -236,6 +251,7 @@ void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx
     if (M - m >= 2) pass.template operator()<2>();
     if (M - m >= 1) pass.template operator()<1>();
   }
+#endif
 }
 
 // Quantize bf16 x [M, K] (bits) per chunk of 32: xq int8 [M, K], dx and xs [M, K / 32].
@@ -273,6 +289,10 @@ inline void quantize_x_q8(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, f
     dx[i] = d;
     xs[i] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
   }
+#if defined(MK_QUANT_Q8_LANES)
+  for (int64_t m = 0; m < M; ++m)  // whole groups of 8 blocks in lanes by block (dot_rows_q8l)
+    for (int64_t g = 0; g < K / 256; ++g) transpose_x_group(xq + m * K + 256 * g);
+#endif
 }
 
 // ---- K-quants: activations quantized per 256 (q8k), integer sums per super-block -----------------------------

@@ -15,8 +15,9 @@
 //                       Exact up to fp32 summation order (the activations are not quantized). Also fp16 x and
 //                       bf16 x without the paths below.
 //   gemv_rows_q8<QT>    bf16 x, Q4_0 / Q4_1 / Q8_0 (quant_codes.h): x quantized to int8 per 32 once per call,
-//                       the codes' integer dot products (vpdpbusd with AVX512-VNNI, vpmaddubsw + vpmaddwd with
-//                       AVX2; see its section for the error bound).
+//                       the codes' integer dot products (vpmaddubsw + vpmaddwd with AVX2, per chunk; with
+//                       AVX512-VNNI groups of 8 blocks in lanes by block, 4 vpdpbusd per 256 weights and row:
+//                       quant_q8_lanes.h; see quant_codes.h for the error bound).
 //   gemv_rows_q8k<QT>   bf16 x, Q4_K / Q5_K / Q6_K (quant_codes.h; portable copy below for the generic level):
 //                       x quantized to int8 per 256, integer sums over each super-block.
 //   gemv_rows_bf16<QT>  bf16 x, AVX512-BF16: the codes as exact bf16 by a lookup, vdpbf16ps: exact up to fp32
