@@ -173,8 +173,10 @@ def main() -> None:
     blocks = 1024
 
     def engine(spec: SpeculativeConfig | None, proposer=None, max_batch: int = 2) -> Engine:
+        # prefix caching off: every round prefills the whole prompt alike (with int8 activations a prompt's
+        # cached prefix + a short recomputed tail is not bit-identical to one long prefill: README, --activations)
         return Engine(model, tok, num_blocks=blocks, block_size=16, max_batch=max_batch, speculative=spec,
-                      proposer=proposer)
+                      proposer=proposer, prefix_caching=False)
 
     out = [f"# Speculative decoding on the CPU (`benchmarks/bench_speculative.py`)", "", command_line(__file__), ""]
     params = SamplingParams(max_new_tokens=args.new_tokens)
