@@ -24,6 +24,14 @@ inline kernel_t<S>* kptr(const at::Tensor& t) {
   return reinterpret_cast<kernel_t<S>*>(t.data_ptr());
 }
 
+// t itself when its data starts on an `align`-byte boundary, else a copy (the allocator's: aligned). For the
+// kernels' vector loads: packed weight rows need 4 bytes (quant_blocks.h, kUnitAlign), the tile GEMMs' x copies
+// 16. Loaders keep packed weights aligned (GGUF aligns tensor data to 32 bytes) and activations are fresh
+// allocations, so the copy — made at every call — is for views at odd offsets only.
+inline at::Tensor aligned_or_copy(const at::Tensor& t, uintptr_t align) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0 ? t : t.clone();
+}
+
 inline void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }

@@ -52,12 +52,8 @@ inline void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& ex
   if (M == 0 || N == 0) return;
   out.zero_();  // rows outside every segment (the kernels write only segment rows)
   if (K == 0 || G == 0) return;
-  // The unit loads need the packed rows 4-byte aligned (quant_blocks.h, kUnitAlign): a misaligned view is
-  // copied, at every call (loaders keep packed weights aligned; GGUF aligns tensor data to 32 bytes).
-  const auto aligned = [](const at::Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0 ? t : t.clone();
-  };
-  const at::Tensor w = aligned(qweight), w3 = gated ? aligned(*up_qweight) : at::Tensor();
+  // the unit loads (quant_blocks.h, kUnitAlign)
+  const at::Tensor w = aligned_or_copy(qweight, 4), w3 = gated ? aligned_or_copy(*up_qweight, 4) : at::Tensor();
   const bool int8 = qtype == kInt8Rowwise;
   const float* sp = int8 ? scales->const_data_ptr<float>() : nullptr;
   const float* sp3 = int8 && gated ? up_scales->const_data_ptr<float>() : nullptr;
@@ -87,16 +83,18 @@ inline void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& ex
         const GroupedGemmTcArgs<T> a{kptr<scalar_t>(out), N, kptr<scalar_t>(x), K, kptr<scalar_t>(wd),
                                      gated ? kptr<scalar_t>(wd3) : nullptr, offs, g, M, N, K};
         check_launch(launch_grouped_gemm_tc(a, ceil_div(M, G), stream), op);
-      } else if (QT != kInt8Rowwise && !aligned16(p.x)) {  // the tile GEMM copies x in 16-byte vectors
-        const at::Tensor xa = x.clone();
-        moe_qgemm(out, xa, expert_offsets, qweight, scales, qtype, up_qweight, up_scales);
-      } else if (!gated) {
-        check_launch(launch_moe_qgemm<T, QT>(p, stream), op);
       } else {
+        const at::Tensor xa = QT == kInt8Rowwise ? x : aligned_or_copy(x, 16);  // the tile GEMM's x: 16-byte vectors
+        MoeQArgs<T> q = p;
+        q.x = kptr<scalar_t>(xa);
+        if (!gated) {
+          check_launch(launch_moe_qgemm<T, QT>(q, stream), op);
+          return;
+        }
         at::Tensor h13 = at::zeros({M, 2 * N}, x.options());  // rows outside every segment stay 0
         T* h = kptr<scalar_t>(h13);
-        const MoeQArgs<T> gate{h, 2 * N, p.x, wp, nullptr, sp, nullptr, offs, g, M, N, K};
-        const MoeQArgs<T> up{h + N, 2 * N, p.x, wp3, nullptr, sp3, nullptr, offs, g, M, N, K};
+        const MoeQArgs<T> gate{h, 2 * N, q.x, wp, nullptr, sp, nullptr, offs, g, M, N, K};
+        const MoeQArgs<T> up{h + N, 2 * N, q.x, wp3, nullptr, sp3, nullptr, offs, g, M, N, K};
         check_launch(launch_moe_qgemm<T, QT>(gate, stream), op);
         check_launch(launch_moe_qgemm<T, QT>(up, stream), op);
         constexpr int64_t kMaxRows = 65535;  // silu_and_mul grid.y

@@ -32,9 +32,7 @@ inline void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwei
     out.zero_();
     return;
   }
-  // The unit loads need the packed rows 4-byte aligned (quant_blocks.h, kUnitAlign); a view at an odd
-  // offset (e.g. a slice of a memory-mapped file) is copied, at every call: loaders keep packed weights aligned.
-  const at::Tensor w = reinterpret_cast<uintptr_t>(qweight.data_ptr()) % 4 == 0 ? qweight : qweight.clone();
+  const at::Tensor w = aligned_or_copy(qweight, 4);  // the unit loads (quant_blocks.h, kUnitAlign)
   const auto* wp = static_cast<const uint8_t*>(w.data_ptr());
   const float* sp = qtype == kInt8Rowwise ? scales->data_ptr<float>() : nullptr;
   const int32_t qt = static_cast<int32_t>(qtype);
@@ -48,8 +46,7 @@ inline void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qwei
         return;
       }
       if (!quant_gemv_rows(M)) {  // the tile GEMM, K split over the SMs (qgemm_plan, kernels/quant_gemm.cuh)
-        // its x copies are 16-byte vectors: a view at another offset is copied (rare: activations are fresh)
-        const at::Tensor xa = QT == kInt8Rowwise || aligned16(x.data_ptr()) ? x : x.clone();
+        const at::Tensor xa = QT == kInt8Rowwise ? x : aligned_or_copy(x, 16);  // its x copies: 16-byte vectors
         const QGemmPlan plan = qgemm_plan(M, N, K, ctx.sm_count());
         at::Tensor ws;
         if (plan.splits > 1) ws = at::empty({plan.workspace_floats}, x.options().dtype(at::kFloat));

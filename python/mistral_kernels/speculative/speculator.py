@@ -78,6 +78,8 @@ class Speculator:
         self.proposer = proposer
         self.max_position = max_position
         self.cost = cost
+        # the cost model that adapts k: the given one when adaptive (required above), else None (fixed k)
+        self._adapting: CostModel | None = cost if config.adaptive else None
         self._state: dict[int, _RequestState] = {}
 
     def prepare(self, running: Sequence[Request]) -> None:
@@ -92,8 +94,8 @@ class Speculator:
         for r in decoding:
             left = r.params.max_new_tokens - len(r.output_ids) - 1  # type: ignore[operator]
             k = min(self.config.num_tokens, most, left, self.max_position - r.num_tokens)
-            if k > 0 and self.cost is not None and self.config.adaptive:
-                k = self._adapted(self.cost, r.rid, k, len(decoding))
+            if k > 0 and self._adapting is not None:
+                k = self._adapted(self._adapting, r.rid, k, len(decoding))
             if k > 0:
                 asking.append(r)
                 ks.append(k)
