@@ -17,7 +17,8 @@ from mistral_kernels.engine import Engine
 from mistral_kernels.sampling import SamplingParams
 from mistral_kernels.speculative import Proposal, SpeculativeConfig
 from mistral_kernels import engine_sizing
-from mistral_kernels.speculative.cost import ACCEPTANCE_DECAY, PROBE_SHARE, Acceptance, CostModel, measure_row_cost
+from mistral_kernels.speculative.cost import (ACCEPTANCE_DECAY, PROBE_SHARE, ROW_COST_MIN_WEIGHT, Acceptance, CostModel,
+                                             RowCostTracker, measure_row_cost)
 
 from .helpers.engine import CharTokenizer
 from .helpers.speculative import LoopToy, run_engine
@@ -207,3 +208,36 @@ def test_the_row_cost_is_measured_when_not_given() -> None:
     cost = engine.speculative_cost
     assert cost is not None and math.isfinite(cost.row_cost) and cost.row_cost >= 0
     assert _engine(SpeculativeConfig(adaptive=False))().speculative_cost is None
+
+
+def test_row_cost_tracker_fits_the_step_times() -> None:
+    # the docstring's example, then a line through three row counts with noise: ρ = b / (a + b) of t = a + b·n
+    tr = RowCostTracker()
+    for _ in range(3):
+        assert tr.observe(1, 0.010) is None  # one row count only
+    for _ in range(2):
+        assert tr.observe(2, 0.013) is None  # weight below ROW_COST_MIN_WEIGHT (decayed: 1, 1.95)
+    assert 1 + 0.95 < ROW_COST_MIN_WEIGHT <= 1 + 0.95 + 0.95 ** 2
+    assert tr.observe(2, 0.013) == pytest.approx(0.3)
+    tr, rng = RowCostTracker(), random.Random(5)
+    for _ in range(300):
+        n = rng.choice([1, 2, 4])
+        tr.observe(n, (0.02 + 0.005 * n) * (1 + rng.uniform(-0.01, 0.01)))
+    assert tr.row_cost() == pytest.approx(0.005 / 0.025, rel=0.05)
+    with pytest.raises(ValueError, match="finite seconds"):
+        tr.observe(1, float("nan"))
+
+
+def test_a_measured_row_cost_follows_the_running_steps() -> None:
+    # measured at start (row_cost None): the engine feeds each decode-only step's time to the tracker, and a
+    # fixed row_cost is left alone
+    measured = _engine(SpeculativeConfig(num_tokens=3))()
+    fixed = _engine(SpeculativeConfig(num_tokens=3, row_cost=0.25))()
+    jobs = [([1, 2, 3, 4, 5, 6], SamplingParams(max_new_tokens=40))]
+    for engine in (measured, fixed):
+        engine.generate(jobs)
+    seen = measured.speculator._tracker._weight  # type: ignore[union-attr]
+    assert sum(seen.values()) > 10 and len(seen) >= 2, seen
+    assert fixed.speculator._tracker is None and fixed.speculative_cost == CostModel(0.25)  # type: ignore[union-attr]
+    rho = measured.speculator._tracker.row_cost()  # type: ignore[union-attr]
+    assert rho is None or measured.speculative_cost == CostModel(rho)

@@ -112,7 +112,9 @@ class Engine:
                 raise ValueError(f"Engine: speculative method {speculative.method!r} needs a proposer")
             proposer = proposer or NgramProposer(speculative.ngram_max, speculative.ngram_min)
             cost = _cost_model(model, speculative, block_size) if speculative.adaptive else None
-            self.speculator = Speculator(speculative, proposer, model.config.max_position, cost)
+            # a measured ρ follows the running steps, except under tensor parallelism (ranks must schedule alike)
+            calibrate = speculative.row_cost is None and getattr(model, "broadcast_tokens", None) is None
+            self.speculator = Speculator(speculative, proposer, model.config.max_position, cost, calibrate)
         self._traffic = DecodeTraffic.of(model)
         self._next_id = 0
         # outputs that :meth:`iterate` stepped for requests it was not iterating, kept for their own caller
@@ -289,6 +291,8 @@ class Engine:
             now = time.perf_counter()
             self.scheduler.commit(plan)
             outputs = self.output.process(requests, sampled, now, logprobs)
+        if self.speculator is not None and all(c.is_decode for c in plan.chunks):
+            self.speculator.observe_step(sum(c.num_new for c in plan.chunks), now - t0)
         for r, out in zip(requests, outputs):
             if out.completion is not None:
                 self.scheduler.finish(r)

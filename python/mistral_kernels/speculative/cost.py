@@ -6,8 +6,8 @@ Shape letters: T tokens of the probe's context, N verify rows of a probe forward
 t₁·(1 + ρ(n − 1)). Where decode streams the weights at memory bandwidth (a GPU, a large model) ρ is small; where
 per-row compute dominates (a small model on a CPU) it nears 1 and speculation cannot pay. It is measured once
 when the engine starts (:func:`measure_row_cost`: a decode-shaped forward of 1 row and of N = 1 + k rows of one
-sequence, each warmed up once, the faster of two timed; ρ = (t_N / t₁ − 1) / (N − 1)), or fixed by
-``SpeculativeConfig.row_cost``. A plain step of B decoding sequences (B rows) then takes 1 + ρ(B − 1),
+sequence, each warmed up once, the faster of two timed; ρ = (t_N / t₁ − 1) / (N − 1)) and recalibrated from
+the engine's own decode steps as they run (:class:`RowCostTracker`), or fixed by ``SpeculativeConfig.row_cost``. A plain step of B decoding sequences (B rows) then takes 1 + ρ(B − 1),
 and one whose request verifies k proposals 1 + ρ(B − 1 + k): the larger the batch, the larger a step already
 is and the less an extra row costs relative to it — but the fewer of the step's tokens the row can add to
 (the batch threshold of speculation falls out of the same measurement).
@@ -42,11 +42,14 @@ from typing import Any
 
 from ..engine_sizing import fastest, scratch_forward
 
-__all__ = ["ACCEPTANCE_DECAY", "PROBE_CONTEXT", "PROBE_SHARE", "Acceptance", "CostModel", "measure_row_cost"]
+__all__ = ["ACCEPTANCE_DECAY", "PROBE_CONTEXT", "PROBE_SHARE", "ROW_COST_DECAY", "ROW_COST_MIN_WEIGHT", "Acceptance",
+           "CostModel", "RowCostTracker", "measure_row_cost"]
 
 ACCEPTANCE_DECAY = 0.7  # λ: an outcome's weight after each later verify step (~3 steps of memory)
 PROBE_SHARE = 0.02  # most share of plain decode time spent on probe rows
 PROBE_CONTEXT = 64  # tokens of context the row-cost probe decodes after
+ROW_COST_DECAY = 0.95  # a timed step's weight after each later step of the same row count (~20 steps of memory)
+ROW_COST_MIN_WEIGHT = 2.5  # decayed weight a row count needs before its mean counts (3 steps: 1 + 0.95 + 0.95²)
 
 
 @dataclass
@@ -98,6 +101,43 @@ class CostModel:
     def probe_interval(self) -> int:
         """Plain steps between two probes of a request at k = 0: ⌈ρ / PROBE_SHARE⌉ (at least 1)."""
         return max(1, math.ceil(self.row_cost / PROBE_SHARE - 1e-9))
+
+
+class RowCostTracker:
+    """ρ recalibrated from the engine's own decode-only steps, so that a start-up measurement taken under other
+    load than the run sees does not decide every step after it. Per total row count n of a step, a decayed mean
+    of its seconds (each step's weight × :data:`ROW_COST_DECAY` per later step of that n); once two or more row
+    counts have a decayed weight ≥ :data:`ROW_COST_MIN_WEIGHT`, the weighted least-squares line t = a + b·n through
+    their means gives t₁ = a + b and ρ = b / t₁ (the module's t₁·(1 + ρ(n − 1))). Plain steps give n = B, probes
+    and verify steps n = B + k, so an adaptive engine always sees two row counts.
+
+    Worked example: mean 10 ms over steps of 1 row and 13 ms over steps of 2 → b = 3 ms, a = 7 ms, t₁ = 10 ms,
+    ρ = 0.3."""
+
+    def __init__(self) -> None:
+        self._mean: dict[int, float] = {}
+        self._weight: dict[int, float] = {}
+
+    def observe(self, rows: int, seconds: float) -> float | None:
+        """A decode-only step of ``rows`` rows took ``seconds``; returns ρ (None until two row counts count)."""
+        if rows < 1 or not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(f"RowCostTracker.observe: need rows ≥ 1 and finite seconds > 0, got {rows}, {seconds}")
+        w = ROW_COST_DECAY * self._weight.get(rows, 0.0)
+        self._mean[rows] = (w * self._mean.get(rows, 0.0) + seconds) / (w + 1.0)
+        self._weight[rows] = w + 1.0
+        return self.row_cost()
+
+    def row_cost(self) -> float | None:
+        """ρ from the row counts that count, or None (fewer than two, or a line with t₁ ≤ 0)."""
+        pts = [(n, self._mean[n], w) for n, w in self._weight.items() if w >= ROW_COST_MIN_WEIGHT]
+        if len(pts) < 2:
+            return None
+        total = sum(w for _, _, w in pts)
+        n_bar = sum(w * n for n, _, w in pts) / total
+        t_bar = sum(w * t for _, t, w in pts) / total
+        b = sum(w * (n - n_bar) * (t - t_bar) for n, t, w in pts) / sum(w * (n - n_bar) ** 2 for n, _, w in pts)
+        t1 = t_bar + b * (1 - n_bar)
+        return max(0.0, b / t1) if t1 > 0 else None
 
 
 def measure_row_cost(model: Any, block_size: int, rows: int) -> float:

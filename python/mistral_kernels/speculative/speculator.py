@@ -36,7 +36,7 @@ from ..output import RequestOutput
 from ..request import Request
 from ..scheduler import SchedulerOutput
 from .config import SpeculativeConfig
-from .cost import Acceptance, CostModel
+from .cost import Acceptance, CostModel, RowCostTracker
 from .proposer import Proposer
 
 __all__ = ["Speculator", "StepCounts"]
@@ -71,7 +71,7 @@ class Speculator:
     """
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_position: int,
-                 cost: CostModel | None = None) -> None:
+                 cost: CostModel | None = None, calibrate: bool = False) -> None:
         if config.adaptive and cost is None:
             raise ValueError("Speculator: adaptive speculation needs a cost model (cost=CostModel(row_cost))")
         self.config = config
@@ -80,7 +80,18 @@ class Speculator:
         self.cost = cost
         # the cost model that adapts k: the given one when adaptive (required above), else None (fixed k)
         self._adapting: CostModel | None = cost if config.adaptive else None
+        # calibrate: ρ was measured (not fixed by the config), so the running steps may correct it
+        self._tracker: RowCostTracker | None = RowCostTracker() if calibrate and self._adapting is not None else None
         self._state: dict[int, _RequestState] = {}
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step of ``rows`` rows (every sequence's token and proposals) took ``seconds``: with
+        calibration on, ρ follows :class:`~.cost.RowCostTracker` once it has two row counts."""
+        if self._tracker is None:
+            return
+        rho = self._tracker.observe(rows, seconds)
+        if rho is not None:
+            self._adapting = self.cost = CostModel(rho)
 
     def prepare(self, running: Sequence[Request]) -> None:
         """Set ``draft_ids`` (and ``draft_probs``) of the running requests for the next step."""
