@@ -67,7 +67,7 @@ class Speculator:
     config : the speculative settings
     proposer : gives the drafts
     max_position : the model's context (no draft reaches past it)
-    cost : the machine's cost model (used when ``config.adaptive``)
+    cost : the machine's cost model (kept when ``config.adaptive``, as ``cost``; None otherwise)
     """
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_position: int,
@@ -77,11 +77,10 @@ class Speculator:
         self.config = config
         self.proposer = proposer
         self.max_position = max_position
-        self.cost = cost
         # the cost model that adapts k: the given one when adaptive (required above), else None (fixed k)
-        self._adapting: CostModel | None = cost if config.adaptive else None
+        self.cost: CostModel | None = cost if config.adaptive else None
         # calibrate: ρ was measured (not fixed by the config), so the running steps may correct it
-        self._tracker: RowCostTracker | None = RowCostTracker() if calibrate and self._adapting is not None else None
+        self._tracker: RowCostTracker | None = RowCostTracker() if calibrate and self.cost is not None else None
         self._state: dict[int, _RequestState] = {}
 
     def observe_step(self, rows: int, seconds: float) -> None:
@@ -91,7 +90,7 @@ class Speculator:
             return
         rho = self._tracker.observe(rows, seconds)
         if rho is not None:
-            self._adapting = self.cost = CostModel(rho)
+            self.cost = CostModel(rho)
 
     def prepare(self, running: Sequence[Request]) -> None:
         """Set ``draft_ids`` (and ``draft_probs``) of the running requests for the next step."""
@@ -105,8 +104,8 @@ class Speculator:
         for r in decoding:
             left = r.params.max_new_tokens - len(r.output_ids) - 1  # type: ignore[operator]
             k = min(self.config.num_tokens, most, left, self.max_position - r.num_tokens)
-            if k > 0 and self._adapting is not None:
-                k = self._adapted(self._adapting, r.rid, k, len(decoding))
+            if k > 0 and self.cost is not None:
+                k = self._adapted(self.cost, r.rid, k, len(decoding))
             if k > 0:
                 asking.append(r)
                 ks.append(k)
