@@ -32,16 +32,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_parser, copy_bandwidth_gbs, markdown_table  # noqa: E402
+from common import bench_parser, copy_bandwidth_gbs, load_average, markdown_table  # noqa: E402
 
 import mistral_kernels  # noqa: E402
 from mistral_kernels.activations import ACTIVATIONS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def prompts(llm: mistral_kernels.LLM, tokens: int, n: int) -> list[str]:
@@ -102,7 +98,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     start = datetime.datetime.now(datetime.timezone.utc)
-    load0 = _load()
+    load0 = load_average()
     llm = mistral_kernels.LLM(args.model, max_batch=max(batches), prefix_caching=False, activations=args.activations)
     texts = prompts(llm, args.prompt_tokens, max(batches))
     llm.generate(texts[:2], max_new_tokens=2, ignore_eos=True)  # warm-up
@@ -111,7 +107,7 @@ def main() -> None:
     bws: list[float] = []
     for r in range(args.rounds):
         bws.append(copy_bandwidth_gbs())
-        print(f"round {r + 1}/{args.rounds}: copy bandwidth {bws[-1]:.1f} GB/s, load {_load()}", flush=True)
+        print(f"round {r + 1}/{args.rounds}: copy bandwidth {bws[-1]:.1f} GB/s, load {load_average()}", flush=True)
         for b in batches:
             ours[b].append(ours_aggregate(llm, texts[:b], args.new_tokens))
             print(f"  ours B={b}: {ours[b][-1]:.2f} tok/s", flush=True)
@@ -131,7 +127,7 @@ def main() -> None:
         "# Batched decode, ours vs llama.cpp (CPU)", "",
         f"`{cmd}`", "",
         f"**Conditions.** {start:%Y-%m-%d %H:%M} – {end:%H:%M} UTC, {os.cpu_count()} CPUs, {args.threads} threads on "
-        f"both sides; load average (1 / 5 / 15 min) {load0} at the start, {_load()} at the end; copy bandwidth "
+        f"both sides; load average (1 / 5 / 15 min) {load0} at the start, {load_average()} at the end; copy bandwidth "
         f"{' '.join(f'{x:.1f}' for x in bws)} GB/s (before each round). File: {args.model.name}; ours with "
         f"activations={args.activations}; {args.prompt_tokens} tokens of context per sequence, {args.new_tokens} "
         f"decode steps; medians of {args.rounds} interleaved rounds.", "",

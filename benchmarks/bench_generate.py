@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import bench_parser, dtypes, copy_bandwidth_gbs, device_name, markdown_table  # noqa: E402
+from common import bench_parser, dtypes, copy_bandwidth_gbs, device_name, load_average, markdown_table  # noqa: E402
 from decode_profile import DecodeProfile, profile_decode  # noqa: E402
 from roofline import StepBytes, step_bytes  # noqa: E402
 
@@ -271,7 +270,7 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     gpu = torch.device(args.device).type == "cuda"
-    started, load0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), _load()
+    started, load0 = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_average()
     bw0 = copy_bandwidth_gbs(device=args.device)
     where = device_name(args.device)
     print(f"{where}: copy bandwidth {bw0:.1f} GB/s")
@@ -331,7 +330,7 @@ def main() -> None:
     mode = ", decode op by op (--per-op)" if args.per_op else ""
     out = args.out / (args.out_name or ("gpu_generate.md" if gpu else "cpu_generate.md"))
     text = (f"{started} – {time.strftime('%H:%M UTC', time.gmtime())}, load average {load0} at the start, "
-            f"{_load()} at the end; "
+            f"{load_average()} at the end; "
             f"{where}, copy bandwidth {bw0:.1f} GB/s at the start, {args.new_tokens} new tokens, "
             f"{args.prompt_tokens}-token prompt, median of {args.repeat} decode run(s){mode}. "
             f"Command: `python benchmarks/bench_generate.py {' '.join(sys.argv[1:])}`\n\n{table}\n")
@@ -339,11 +338,6 @@ def main() -> None:
         text += "\n## Where a batch-1 decode step goes\n\n" + "\n".join(profiles)
     out.write_text(text)
     print(f"wrote {out}")
-
-
-def _load() -> str:
-    """The 1 / 5 / 15-minute load averages."""
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def reference(path: Path, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, float]:

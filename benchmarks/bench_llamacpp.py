@@ -69,7 +69,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth_gbs, markdown_table  # noqa: E402
+from common import copy_bandwidth_gbs, load_average, markdown_table  # noqa: E402
 from llamacpp_output import parse_bench_jsonl, parse_completion_timings  # noqa: E402
 from roofline import step_bytes  # noqa: E402
 
@@ -220,10 +220,6 @@ def _rounds(xs: list[float]) -> str:
     return " ".join(f"{x:.3g}" for x in xs)
 
 
-def _load() -> str:
-    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-bin", type=Path, default=os.environ.get("LLAMA_CPP_BIN"),
@@ -255,7 +251,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_path = args.model or default_model_path()
     started = datetime.datetime.now(datetime.timezone.utc)
-    load_start = _load()
+    load_start = load_average()
     bws = [copy_bandwidth_gbs()]
     print(f"start {started:%Y-%m-%d %H:%M} UTC, load {load_start}, copy bandwidth {bws[0]:.1f} GB/s", flush=True)
 
@@ -292,7 +288,7 @@ def main() -> None:
         for r in range(args.rounds):
             bw = copy_bandwidth_gbs()
             bws.append(bw)
-            print(f"round {r + 1}/{args.rounds}: copy bandwidth {bw:.1f} GB/s, load {_load()}", flush=True)
+            print(f"round {r + 1}/{args.rounds}: copy bandwidth {bw:.1f} GB/s, load {load_average()}", flush=True)
             for f in files:
                 nbytes = step_bytes(ours[f][0].llm.model, len(prompt_ids) + args.new_tokens / 2).total
                 for o in ours[f]:
@@ -306,7 +302,7 @@ def main() -> None:
                               f"{lc.completion_decode[-1]:.1f}" if lc.completion_decode else "")
                 print(f"  llama.cpp {f}: pp {lc.pp[-1]:.1f}, tg {lc.tg[-1]:.1f}{completion} tok/s", flush=True)
         bws.append(copy_bandwidth_gbs())
-        load_end = _load()
+        load_end = load_average()
         ended = datetime.datetime.now(datetime.timezone.utc)
         nbytes_of = {f: step_bytes(ours[f][0].llm.model, len(prompt_ids) + args.new_tokens / 2) for f in files}
 

@@ -10,6 +10,7 @@ bandwidth); never asserted in tests.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -174,3 +175,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def load_average() -> str:
+    """The 1 / 5 / 15-minute load averages, as the reports state them: "0.65 / 0.96 / 1.22"."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
