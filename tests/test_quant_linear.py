@@ -12,8 +12,10 @@ Tolerances (bounds, not fudge factors; ``absprod`` = |x| · |W|ᵀ, γ = K · 2�
     to every format (those computed exactly, INT8_ROWWISE and everything at the generic level, are well inside
     it); then each side rounds once to bf16 (≤ 2⁻⁸ relative each). The per-256 path is also checked against
     an independent numpy model of its quantization (test_qlinear_kquant_int8_matches_numpy_model), tightly.
-  * bf16 x, M > 16 (prefill): the dequantized tile is bf16, so every weight is rounded (≤ 2⁻⁹ relative) before
-    the GEMM: |out - ref| ≤ (2⁻⁹ + 2γ) · absprod, then the two bf16 roundings.
+  * bf16 x, M > 16 (prefill) at the AVX512-VNNI level (avx512bf16), every block format: the int8 GEMM
+    (csrc/cpu/isa/quant_gemm8.h), x quantized as the GEMV's: the same bound.
+  * bf16 x, M > 16 (prefill) elsewhere: the dequantized tile is bf16, so every weight is rounded (≤ 2⁻⁹
+    relative) before the GEMM: |out - ref| ≤ (2⁻⁹ + 2γ) · absprod, then the two bf16 roundings.
   * fp16 x: converted to fp32 (exact), fp32 path, one fp16 rounding each side (≤ 2⁻¹¹ relative).
 Any decoding mistake (a wrong nibble, scale or bit) is of the order of absprod itself, far above these bounds.
 """
@@ -26,12 +28,25 @@ import torch
 
 
 from mistral_kernels import ops, reference
+from mistral_kernels._library import cpu_isa, cpu_isa_supported, set_cpu_isa
 from mistral_kernels.quant_formats import INT8_ROWWISE, QFORMATS
 from mistral_kernels.quant_formats import dequantize
 
 from .helpers.quant_data import FORMATS, random_qweight
 
-GEMV_MAX_M = 16  # kGemvMaxM in csrc/cpu/quant.cpp: larger M takes the dequantized-tile GEMM
+GEMV_MAX_M = 16  # kGemvMaxM in csrc/cpu/quant.cpp: larger M takes a GEMM
+GEMM8_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the int8 GEMM's (isa/quant_gemm8.cpp)
+
+
+def _int8_chunk(name: str, m: int, dtype: torch.dtype) -> int | None:
+    """The chunk of the int8 activations of bf16 x on M = m rows of format ``name`` at the running level, None
+    where the activations are not quantized (fp32 / fp16 x, or the dequantized-tile GEMM)."""
+    if dtype != torch.bfloat16:
+        return None
+    chunk = 256 if QFORMATS[name].block == 256 else 32  # per 256 for the K-quants, per 32 for the 32-blocks
+    if m <= GEMV_MAX_M:
+        return chunk
+    return chunk if cpu_isa() == "avx512bf16" and name in GEMM8_FORMATS else None
 
 
 def _k_for(name: str) -> int:
@@ -48,10 +63,10 @@ def _check(name: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     m, k = x.shape[-2] if x.dim() > 1 else 1, x.shape[-1]
     absprod = x.float().abs() @ w.abs().T
     gamma = k * 2.0**-24
-    w_rel = 2.0**-9 if x.dtype == torch.bfloat16 and m > GEMV_MAX_M else 0.0
+    chunk = _int8_chunk(name, m, x.dtype)
+    w_rel = 2.0**-9 if x.dtype == torch.bfloat16 and m > GEMV_MAX_M and chunk is None else 0.0
     bound = (w_rel + 2 * gamma) * absprod + 1e-30
-    chunk = 256 if QFORMATS[name].block == 256 else 32  # the int8 activations' chunk: per 256 for K-quants
-    if x.dtype == torch.bfloat16 and m <= GEMV_MAX_M and k % chunk == 0:  # int8 activations
+    if chunk is not None and k % chunk == 0:  # int8 activations
         chunk_max = x.float().abs().reshape(x.shape[0], k // chunk, chunk).amax(-1)
         bound = bound + (chunk_max.repeat_interleave(chunk, dim=1) / 254 * (1 + 1e-5)) @ w.abs().T
     out_rel = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[x.dtype]
@@ -198,11 +213,12 @@ def test_qlinear_empty_shapes() -> None:
     assert ops.qlinear(torch.randn(3, 64), empty_w, QFORMATS["Q4_0"].qtype).shape == (3, 0)
 
 
-def _q8k_model(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (bf16) as the per-256 int8 path sees it, written independently in numpy: per 256, amax = max |x|,
+def _q8k_model(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """x [M, K] (bf16) as the per-256 int8 path (or per ``chunk``) sees it, written independently in numpy: per
+    256, amax = max |x|,
     q = round-half-even(x · fp32(127 / amax)) (one fp32 product, as the kernel), then dk · q with dk = amax / 127
     in fp32; returned as float64 [M, K]."""
-    xf = x.float().numpy().reshape(x.shape[0], -1, 256)
+    xf = x.float().numpy().reshape(x.shape[0], -1, chunk)
     amax = np.abs(xf).max(-1, keepdims=True)
     inv = np.zeros_like(amax)
     np.divide(np.float32(127), amax, out=inv, where=amax > 0)  # fp32 / fp32, as the kernel
@@ -239,3 +255,46 @@ def test_qlinear_kquant_int8_matches_numpy_model(name: str, M: int) -> None:
             assert bool((err <= bound).all()), (name, M, n, random_bytes, float((err / bound).max()))
             # and the general bound against the exact product
             _check(name, x, qweight, None, out)
+
+
+def _with_gemm8_level() -> None:
+    """Runs the rest of a test at the level with the int8 GEMM (avx512bf16), or skips where this CPU lacks it."""
+    if not cpu_isa_supported("avx512bf16"):
+        pytest.skip("the int8 prefill GEMM needs AVX512-VNNI (the avx512bf16 level); this CPU has no such level")
+    set_cpu_isa("avx512bf16")
+
+
+@pytest.mark.parametrize("name", GEMM8_FORMATS)
+def test_qlinear_prefill_int8_matches_numpy_model_and_rows_do_not_depend_on_m(name: str) -> None:
+    # bf16 x at M > 16 on the int8 GEMM (csrc/cpu/isa/quant_gemm8.h). (1) Against the gguf package's dequantized
+    # W times x quantized per chunk by the numpy model, in float64: the integer sums are exact, what remains is
+    # fp32 rounding of the per-chunk products and the sum over K / 32 chunks: |out - model| <= 2^-16 · Σ |w| ·
+    # |dx · q|, then one bf16 rounding (a wrong code, scale, offset or lane is ~1/K of the sum: far above).
+    # (2) Each row of x gives the same result bit for bit whatever M and wherever the row sits among the 16
+    # lanes of its block (rows 5.. of x as rows 0.. of a shorter call), a NaN row NaN and the others untouched.
+    # Random bytes cover the extreme codes and scales (Q8_0's -128, Q6_K's -32 / 31 and -128 scale).
+    _with_gemm8_level()
+    try:
+        qtype = QFORMATS[name].qtype
+        k = 768 if QFORMATS[name].block == 256 else 576
+        for random_bytes in (False, True):
+            qweight, _ = random_qweight(name, 37, k, seed=k + random_bytes, random_bytes=random_bytes)
+            g = torch.Generator().manual_seed(5)
+            x = (torch.randn(48, k, generator=g) * torch.rand(48, k, generator=g) * 4).to(torch.bfloat16)
+            x[0, :256] = 0.0  # all-zero chunks: dx = 0
+            x[9, k // 3] = float("nan")
+            w = dequantize(qweight, qtype, None).double()
+            keep = torch.arange(48) != 9
+            xm = _q8k_model(x[keep], _int8_chunk(name, 48, torch.bfloat16))
+            out = ops.qlinear(x, qweight, qtype)
+            assert out[9].isnan().all(), name
+            model, absq = xm @ w.T, xm.abs() @ w.abs().T
+            bound = 2.0**-16 * absq + 2.0**-8 * (model.abs() + 2.0**-16 * absq) + 1e-30
+            err = (out[keep].double() - model).abs()
+            assert bool((err <= bound).all()), (name, random_bytes, float((err / bound).max()))
+            for lo, hi in ((0, 17), (0, 33), (5, 40), (20, 48)):
+                part = ops.qlinear(x[lo:hi], qweight, qtype)
+                torch.testing.assert_close(part, out[lo:hi], rtol=0, atol=0, equal_nan=True,
+                                           msg=lambda m: f"{name} {random_bytes} rows {lo}:{hi}: {m}")
+    finally:
+        set_cpu_isa(None)

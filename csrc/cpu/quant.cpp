@@ -7,12 +7,16 @@
 //     to fp32 once, M·K elements). Results are written once in out's dtype. Bound: memory — the packed bytes
 //     N·R per call at copy bandwidth.
 //   M > kGemvMaxM (prefill): one parallel region over tiles of W's rows — equal tiles, the same number per
-//     thread, each at most ~kTileBytes dequantized — where a task dequantizes a tile into its thread's buffer
-//     (L2) and multiplies x by it at once: fp32 x on AVX-512 levels by our tile kernel (isa/quant_tiles.h: W read
-//     in place, x packed once per call), bf16 x by ATen's GEMM on bf16 tiles (the weights rounded to bf16 like a
-//     dense bf16 model's; oneDNN's vdpbf16ps GEMM, one thread inside the region), written into out's columns.
-//     Bound: the GEMM's FLOPs, 2·M·N·K; the dequantization adds N·K element stores per call (~5 % of a
-//     SmolLM2 projection at M = 73, benchmarks/results/cpu_quant_prefill.md).
+//     thread (tile_rows) — where a task decodes a tile into its thread's buffer (L2) and multiplies x by it at
+//     once, written into out's columns:
+//     - bf16 x on an AVX512-VNNI level, block formats: the int8 GEMM (isa/quant_gemm8.h: x quantized once per
+//       call like the GEMV's, the tile decoded to byte codes and per-chunk scales, vpdpbusd). Bound: the
+//       vpdpbusd rate, 2·M·N·K integer operations (benchmarks/results/cpu_quant_gemm8.md).
+//     - fp32 x on AVX-512 levels: our fp32 tile kernel (isa/quant_tiles.h: W dequantized, read in place, x
+//       packed once per call); bf16 x elsewhere: ATen's GEMM on bf16 tiles (the weights rounded to bf16 like a
+//       dense bf16 model's; oneDNN's vdpbf16ps GEMM, one thread inside the region). Bound: the GEMM's FLOPs,
+//       2·M·N·K; the dequantization adds N·K element stores per call (~5 % of a SmolLM2 projection at M = 73,
+//       benchmarks/results/cpu_quant_prefill.md).
 // Accuracy of each path: csrc/cpu/isa/quant_kernels.h; tests/test_quant_linear.py checks the bounds.
 #include <torch/library.h>
 
@@ -25,6 +29,7 @@
 #include "../checks/quant.h"
 #include "common.h"
 #include "isa/quant.h"
+#include "isa/quant_gemm8.h"
 #include "isa/quant_tiles.h"
 #include "isa_dispatch.h"
 
@@ -33,6 +38,10 @@ namespace {
 
 constexpr int64_t kGemvMaxM = 16;               // the decode path up to this many rows of x
 constexpr int64_t kTileBytes = int64_t{1} << 20;  // a dequantized W tile of the prefill path (L2-sized)
+#if !defined(MK_GEMM8_TILE_BYTES)
+#define MK_GEMM8_TILE_BYTES (int64_t{1} << 19)
+#endif
+constexpr int64_t kTile8Bytes = MK_GEMM8_TILE_BYTES;  // a decoded tile of the int8 prefill GEMM (half the L2)
 
 // Per-thread scratch of the decode path (the quantized / summed activations), grown on demand: no tensor
 // allocation per call (decode calls are ~10 us at SmolLM2 sizes).
@@ -105,6 +114,52 @@ void* tile_scratch(size_t bytes) {
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
 }
 
+// Tiles of W for a prefill GEMM: at most max_rows rows (a multiple of 16, at least 16) and a multiple of the
+// thread count of them with equal rows, so that every thread gets the same work (at::parallel_for hands each
+// thread one contiguous range of tiles). Returns the rows per tile.
+int64_t tile_rows(int64_t N, int64_t max_rows) {
+  const int64_t nthreads = at::get_num_threads();
+  max_rows = std::max<int64_t>(16, max_rows / 16 * 16);
+  const int64_t want = nthreads * ((N + nthreads * max_rows - 1) / (nthreads * max_rows));
+  return ((N + want - 1) / want + 15) / 16 * 16;
+}
+
+// bf16 x on a level and format with the int8 GEMM (isa/quant_gemm8.h): x quantized once per call into its
+// prepared layout, then per tile of W (decoded into the thread's buffer, L2) the int8 GEMM into out's columns.
+void qlinear_gemm8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, int64_t qtype) {
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  const auto qt = static_cast<int32_t>(qtype);
+  at::Tensor xp = at::empty({MK_ISA_CALL(gemm8_x_bytes)(qt, M, K)}, x.options().dtype(at::kByte));
+  const auto prepare = MK_ISA_CALL(gemm8_prepare_x);
+  const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
+  at::parallel_for(0, (M + 15) / 16, parallel_grain(16 * K, 1), [&](int64_t b0, int64_t b1) {
+    prepare(qt, xb, M, K, b0, b1, xp.data_ptr());
+  });
+  const int64_t row_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, 16, K) / 16;
+  const int64_t nt = tile_rows(N, kTile8Bytes / row_bytes), ntiles = (N + nt - 1) / nt;
+  const auto decode = MK_ISA_CALL(gemm8_decode_tile);
+  const auto gemm = MK_ISA_CALL(gemm8_tile);
+  const int64_t tile_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, nt, K);
+  const bool bf16_out = out.scalar_type() == at::kBFloat16;
+  const auto run = [&](void* y, size_t esz) {
+    at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
+      void* buf = tile_scratch(static_cast<size_t>(tile_bytes));
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * nt, n1 = std::min(N, n0 + nt);
+        decode(qt, qweight.const_data_ptr(), K, n0, n1, buf);
+        gemm(qt, xp.const_data_ptr(), M, K, buf, n1 - n0, static_cast<uint8_t*>(y) + n0 * esz, N, bf16_out);
+      }
+    });
+  };
+  if (bf16_out || out.scalar_type() == at::kFloat) {
+    run(out.data_ptr(), bf16_out ? 2 : 4);
+  } else {
+    at::Tensor yf = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    run(yf.data_ptr(), 4);
+    out.copy_(yf);
+  }
+}
+
 void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
                   const std::optional<at::Tensor>& scales, int64_t qtype) {
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
@@ -125,12 +180,8 @@ void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
     });
   }
   // Tiles of W: at most ~kTileBytes dequantized (they stay in the thread's L2 between the dequantization and
-  // the GEMM), a multiple of 16 rows, and a multiple of the thread count of them with equal rows, so that every
-  // thread gets the same work (at::parallel_for hands each thread one contiguous range of tiles).
-  const int64_t nthreads = at::get_num_threads();
-  const int64_t max_rows = std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16);
-  const int64_t want = nthreads * ((N + nthreads * max_rows - 1) / (nthreads * max_rows));
-  const int64_t nt = ((N + want - 1) / want + 15) / 16 * 16;
+  // the GEMM).
+  const int64_t nt = tile_rows(N, kTileBytes / (K * elt));
   const int64_t ntiles = (N + nt - 1) / nt;
   const auto dequant = MK_ISA_CALL(quant_dequant_rows);
   const auto tile_gemm = MK_ISA_CALL(tile_gemm);
@@ -169,6 +220,8 @@ void qlinear(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, co
   }
   if (M <= kGemvMaxM)
     qlinear_gemv(out, x, qweight, scales, qtype, f);
+  else if (x.scalar_type() == at::kBFloat16 && MK_ISA_CALL(gemm8_supported)(static_cast<int32_t>(qtype)))
+    qlinear_gemm8(out, x, qweight, qtype);
   else
     qlinear_gemm(out, x, qweight, scales, qtype);
 }

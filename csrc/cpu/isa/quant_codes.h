@@ -17,14 +17,21 @@ inline float fp16_at(const uint8_t* p) {
 inline __m128i load16b(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 inline __m256i load32b(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Q4_K / Q5_K: the 8 scales d·sc_s and mins dmin·m_s of a block from its 12 packed bytes q (scale_min_k4 for all
-// 8 sub-blocks at once: bytes 0-3 / 4-7 hold sc / m of s < 4 in their low 6 bits and the top 2 bits of s ≥ 4,
-// bytes 8-11 the low 4 bits of s ≥ 4). dm: d·sc_0..7, then dmin·m_0..7.
-inline void k4_scales(const uint8_t* q, float d, float dmin, float (&dm)[16]) {
+// Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks from a block's 12 packed bytes q (scale_min_k4 for
+// all 8 at once: bytes 0-3 / 4-7 hold sc / m of s < 4 in their low 6 bits and the top 2 bits of s ≥ 4, bytes
+// 8-11 the low 4 bits of s ≥ 4): byte s of sc (of mn) is sc_s (m_s), as two little-endian words each.
+inline void k4_scale_bytes(const uint8_t* q, uint32_t (&sc)[2], uint32_t (&mn)[2]) {
   uint32_t a[3];
   std::memcpy(a, q, 12);
-  const uint32_t sc[2] = {a[0] & 0x3f3f3f3fu, (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4)};
-  const uint32_t mn[2] = {a[1] & 0x3f3f3f3fu, ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4)};
+  sc[0] = a[0] & 0x3f3f3f3fu, sc[1] = (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4);
+  mn[0] = a[1] & 0x3f3f3f3fu, mn[1] = ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4);
+}
+
+// Q4_K / Q5_K: the 8 scales d·sc_s and mins dmin·m_s of a block from its 12 packed bytes q. dm: d·sc_0..7,
+// then dmin·m_0..7.
+inline void k4_scales(const uint8_t* q, float d, float dmin, float (&dm)[16]) {
+  uint32_t sc[2], mn[2];
+  k4_scale_bytes(q, sc, mn);
   const __m128i vs = _mm_set_epi32(0, 0, static_cast<int>(sc[1]), static_cast<int>(sc[0]));
   const __m128i vm = _mm_set_epi32(0, 0, static_cast<int>(mn[1]), static_cast<int>(mn[0]));
   _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(vs)), _mm256_set1_ps(d)));
@@ -254,40 +261,49 @@ void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx
 #endif
 }
 
-// Quantize bf16 x [M, K] (bits) per chunk of 32: xq int8 [M, K], dx and xs [M, K / 32].
-inline void quantize_x_q8(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+// One chunk of 32 bf16 activations (bits) quantized to int8: q[0..31] in element order, dx = max|x| / 127
+// returned (NaN when a NaN or ±inf is among the 32: the outputs of its row are then NaN, as the fp32 matmul's
+// would be — ±inf there when no weight is 0; NaN here), and sums[h] = Σ q of elements 16h .. 16h + 15.
+inline float quantize_chunk32(const uint16_t* x, int8_t* q8, int32_t (&sums)[2]) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t i = 0; i < M * (K / 32); ++i) {
-    __m256 v[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 32 * i + 8 * j));
-      v[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    const __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                    _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    // a NaN or ±inf among the 32 (x · 0 is NaN only for those): dx = NaN, so the outputs of this row are NaN
-    // as the fp32 matmul's would be (±inf there when no weight is 0; NaN here).
-    const __m256 zero = _mm256_setzero_ps();
-    const __m256 z = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], zero), _mm256_mul_ps(v[1], zero)),
-                                   _mm256_add_ps(_mm256_mul_ps(v[2], zero), _mm256_mul_ps(v[3], zero)));
-    const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(z, zero, _CMP_NEQ_UQ)) == 0;
-    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-    const __m256 inv = _mm256_set1_ps(finite && amax > 0.0f ? 127.0f / amax : 0.0f);
-    __m256i q[4];
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest even; |q| ≤ 127
-    // packs interleave the 128-bit lanes: [q0.lo q1.lo q0.hi q1.hi] → bytes in element order by one permute
-    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-    const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + 32 * i), p8);
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m256 v[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * j));
+    v[j] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  const __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                  _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  const __m256 zero = _mm256_setzero_ps();  // x · 0 is NaN only for NaN and ±inf
+  const __m256 z = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], zero), _mm256_mul_ps(v[1], zero)),
+                                 _mm256_add_ps(_mm256_mul_ps(v[2], zero), _mm256_mul_ps(v[3], zero)));
+  const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(z, zero, _CMP_NEQ_UQ)) == 0;
+  const __m256 inv = _mm256_set1_ps(finite && amax > 0.0f ? 127.0f / amax : 0.0f);
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest even; |q| ≤ 127
+  // packs interleave the 128-bit lanes: [q0.lo q1.lo q0.hi q1.hi] → bytes in element order by one permute
+  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8), p8);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i s = _mm256_add_epi32(q[2 * h], q[2 * h + 1]);
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    sums[h] = _mm_cvtsi128_si32(s4);
+  }
+  return finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+}
+
+// Quantize bf16 x [M, K] (bits) per chunk of 32: xq int8 [M, K], dx and xs = dx · Σ q [M, K / 32].
+inline void quantize_x_q8(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, float* dx, float* xs) {
+  for (int64_t i = 0; i < M * (K / 32); ++i) {
+    int32_t sums[2];
+    const float d = quantize_chunk32(x + 32 * i, xq + 32 * i, sums);
     dx[i] = d;
-    xs[i] = d * static_cast<float>(_mm_cvtsi128_si32(s4));
+    xs[i] = d * static_cast<float>(sums[0] + sums[1]);
   }
 #if defined(MK_QUANT_Q8_LANES)
   for (int64_t m = 0; m < M; ++m)  // whole groups of 8 blocks in lanes by block (dot_rows_q8l)
@@ -332,10 +348,9 @@ template <int32_t QT, typename F>
 __attribute__((always_inline)) inline KBlock decode_codes_k(const uint8_t* blk, F&& f) {
   const __m256i lo4 = _mm256_set1_epi8(0x0F);
   if constexpr (QT == ::mk::kQ4_K || QT == ::mk::kQ5_K) {
-    uint32_t a[3];
-    std::memcpy(a, blk + 4, 12);
-    const uint32_t sc0 = a[0] & 0x3f3f3f3fu, sc1 = (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4);
-    const uint32_t mn0 = a[1] & 0x3f3f3f3fu, mn1 = ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4);
+    uint32_t sc[2], mn[2];
+    k4_scale_bytes(blk + 4, sc, mn);
+    const uint32_t sc0 = sc[0], sc1 = sc[1], mn0 = mn[0], mn1 = mn[1];
     // sc_0..7 as int16, in both 128-bit lanes; chunk s takes bytes 2s, 2s + 1 everywhere (vpshufb)
     const __m256i sc16 = _mm256_broadcastsi128_si256(
         _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc1), static_cast<int>(sc0))));
