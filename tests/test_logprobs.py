@@ -34,6 +34,20 @@ def test_token_logprobs_worked_example() -> None:
     assert [v for _, v in got[0].top] == pytest.approx(ref[:2].tolist(), abs=1e-6)
 
 
+def test_top_logprobs_order_ties_as_greedy_does() -> None:
+    # 16-bit logits tie often; greedy takes the lowest id among equal maxima (sampling.py), so the top entries
+    # list equal values lowest id first and a greedy token is its own first entry. Many equal values, the
+    # maximum at high ids among lower ones: an unstable order would put another id first.
+    logits = torch.zeros(2, 4096)
+    logits[0, [7, 300, 2000, 4000]] = 3.0
+    logits[1, 1000:] = 1.0
+    greedy = logits.argmax(dim=-1)
+    got = token_logprobs(logits, greedy, [5, 3])
+    assert [t for t, _ in got[0].top] == [7, 300, 2000, 4000, 0]
+    assert [t for t, _ in got[1].top] == [1000, 1001, 1002]
+    assert all(g.top[0][0] == g.token_id for g in got)
+
+
 def test_logprobs_equal_transformers_log_softmax(tiny_mistral) -> None:  # noqa: F811
     model, hf = tiny_mistral
     g = torch.Generator().manual_seed(11)

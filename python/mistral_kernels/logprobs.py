@@ -67,7 +67,10 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
     lp = logits.index_select(0, idx).float().log_softmax(dim=-1)  # [R, V]
     chosen = token_ids.index_select(0, idx)  # [R]
     k = min(max(int(top_n[i] or 0) for i in rows), lp.shape[-1])
-    top_lp, top_ids = lp.topk(k, dim=-1)  # [R, K]
+    # ties in the lowest id first, as greedy's argmax picks them (so a greedy token is its own top entry);
+    # topk leaves the order of equal values unspecified
+    top_lp, top_ids = lp.sort(dim=-1, descending=True, stable=True)
+    top_lp, top_ids = top_lp[:, :k], top_ids[:, :k]  # [R, K]
     # One host read: ids are exact in float64 (vocabularies are far below 2**53).
     packed = torch.cat([chosen[:, None].double(), lp.gather(1, chosen[:, None]).double(), top_ids.double(),
                         top_lp.double()], dim=1).tolist()  # [R, 2 + 2K]
