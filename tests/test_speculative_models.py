@@ -149,10 +149,14 @@ def test_default_model_llm_greedy_identical_with_ngram_and_self_draft() -> None:
     path = default_model_or_skip()
     prompts = ["Copy this text word for word:\n\nThe quick brown fox jumps over the lazy dog, and the dog sleeps on.",
                "List the numbers from one to twelve in words, separated by commas."]
-    want = LLM(path).generate(prompts, chat=True, max_new_tokens=40)
+    # No prefix caching: with it, the second prompt (the same system prompt) waits for the first one's prefix
+    # blocks, so the first prompt's first decode row runs in a step that also prefills — GEMM rows, equal to
+    # a GEMV row only within the int8 activations' error (README) — and the two engines need not make the
+    # same step compositions. Without it every decode and verify row is a GEMV row, equal bit for bit.
+    want = LLM(path, prefix_caching=False).generate(prompts, chat=True, max_new_tokens=40)
     for spec in (SpeculativeConfig(row_cost=0.1),
                  SpeculativeConfig(method="draft", draft_model=str(path), num_tokens=2, row_cost=0.1)):
-        llm = LLM(path, speculative=spec)
+        llm = LLM(path, speculative=spec, prefix_caching=False)
         got = llm.generate(prompts, chat=True, max_new_tokens=40)
         assert [c.token_ids for c in got] == [c.token_ids for c in want]
         assert llm.engine.stats.spec_accepted_tokens > 0
