@@ -11,9 +11,10 @@ Tolerance: an elementwise bound, not a fudge factor (``absprod`` = |x| · |W[g]|
 roundoff of x's dtype: 2⁻⁸ bf16, 2⁻¹¹ fp16, 0 fp32):
   * one projection: |h - ref| ≤ (u_w + 2γ) · absprod [+ the int8-activation term on the CPU for bf16] where
     u_w = u when the weights may be rounded to x's dtype (the tensor-core GEMM, the CPU's bf16 tiles), then each
-    side rounds once to the dtype: + u · (2 |ref| + bound). The int8 term (CPU bf16 decode with AVX512-VNNI,
-    csrc/cpu/isa/quant_kernels.h): Σ_k (max|x| of k's chunk of 32 / 254) · |W[g, n, k]|; the CUDA grouped GEMV
-    with fp16 / bf16 x likewise with chunks of 16 (csrc/kernels/quant_q8x.cuh).
+    side rounds once to the dtype: + u · (2 |ref| + bound). The int8 term (CPU bf16: the decode GEMV,
+    csrc/cpu/isa/quant_kernels.h, and the prefill int8 GEMM with AVX512-VNNI, csrc/cpu/isa/quant_gemm8.h):
+    Σ_k (max|x| of k's chunk / 254) · |W[g, n, k]|, chunks of 256 for the K-quants and of 32 otherwise; the
+    CUDA grouped GEMV with fp16 / bf16 x likewise with chunks of 16 (csrc/kernels/quant_q8x.cuh).
   * gated: with Δg, Δu the bounds of gate and up, |silu(g)·u − silu(g')·u'| ≤ 1.1·Δg·(|u| + Δu) +
     (|silu(g)| + 1.1·Δg)·Δu (silu is 1.0998-Lipschitz), then the output rounding u · (2 |ref| + bound).
 A decoding mistake (a wrong nibble, scale, expert or row) is of the order of absprod itself, far above these.
@@ -56,15 +57,17 @@ def _dense(q: torch.Tensor, qtype: int, s: torch.Tensor | None) -> list[torch.Te
     return [dequantize(q[e], qtype, None if s is None else s[e]) for e in range(q.shape[0])]
 
 
-def _proj_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, cpu: bool, cuda_gemv: bool) -> torch.Tensor:
+def _proj_bound(x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor, cpu: bool, cuda_gemv: bool,
+                chunk: int = 32) -> torch.Tensor:
     """The bound of one projection's rows x [m, K] · w [N, K]ᵀ, after its rounding to x's dtype. cuda_gemv: the
-    CUDA grouped GEMV ran (its fp16 / bf16 path quantizes x to int8 per 16, csrc/kernels/quant_q8x.cuh)."""
+    CUDA grouped GEMV ran (its fp16 / bf16 path quantizes x to int8 per 16, csrc/kernels/quant_q8x.cuh); chunk:
+    the CPU's int8 activations' chunk (256 for the K-quants, 32 otherwise; GEMV and int8 GEMM alike)."""
     u = UNIT[x.dtype]
     xf = x.float()
     k = x.shape[1]
     bound = (u + 2 * k * 2.0**-24) * (xf.abs() @ w.abs().T)
-    if cpu and x.dtype == torch.bfloat16 and k % 32 == 0:  # int8 activations per chunk of 32
-        bound = bound + int8_activation_bound(x, w, 32, slack=1e-5)
+    if cpu and x.dtype == torch.bfloat16 and k % chunk == 0:  # int8 activations per chunk
+        bound = bound + int8_activation_bound(x, w, chunk, slack=1e-5)
     if cuda_gemv and x.dtype in Q8_INT8_DTYPES and k % Q8_BLOCK == 0:
         bound = bound + int8_activation_bound(x, w)
     return bound + u * (2 * ref.abs() + bound)
@@ -88,6 +91,7 @@ def check(backend: Backend, name: str, dtype: torch.dtype, m: int, offsets: list
     assert got.dtype == dtype and got.shape == (m, n)
 
     cpu = backend.name == "cpu"
+    chunk = 256 if QFORMATS[name].block == 256 else 32
     cuda_gemv = not cpu and name != "INT8_ROWWISE" and -(-m // g) <= 8  # moe_qgemv_rows: the grouped GEMV
     bound = torch.zeros(m, n)
     w1 = _dense(q1, qtype, s1)
@@ -98,10 +102,10 @@ def check(backend: Backend, name: str, dtype: torch.dtype, m: int, offsets: list
             continue
         a = x[r0:r1]
         gate = a.float() @ w1[e].T
-        db = _proj_bound(a, w1[e], gate, cpu, cuda_gemv)
+        db = _proj_bound(a, w1[e], gate, cpu, cuda_gemv, chunk)
         if gated:
             up = a.float() @ w3[e].T
-            du = _proj_bound(a, w3[e], up, cpu, cuda_gemv)
+            du = _proj_bound(a, w3[e], up, cpu, cuda_gemv, chunk)
             act = F.silu(gate) * up
             db = 1.1 * db * (up.abs() + du) + (F.silu(gate).abs() + 1.1 * db) * du
             db = db + UNIT[dtype] * (2 * act.abs() + db)

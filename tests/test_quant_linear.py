@@ -130,8 +130,9 @@ def test_qlinear_int8_rows_long_k_and_row_invariance(name: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_qlinear_prefill_spans_several_weight_tiles(dtype: torch.dtype) -> None:
-    # The GEMM path dequantizes W in equal tiles of <= ~1 MB (kTileBytes), a multiple of the thread count: N = 700
-    # rows of K = 768 are 3 fp32 tiles of 240 rows at 1 thread, 4 of 176 at 2 (bf16: 2 of 352), the last one partial.
+    # The GEMM path decodes W in equal tiles, a multiple of the thread count of them, the last one partial: fp32 x
+    # <= ~1 MB dequantized (kTileBytes): N = 700 rows of K = 768 are 3 tiles of 240 rows at 1 thread, 4 of 176 at
+    # 2; bf16 x on the int8 GEMM <= 512 KB decoded (kTile8Bytes, ~940 bytes a row): 2 tiles of 350 at 1 or 2.
     qweight, _ = random_qweight("Q4_K", 700, 768, seed=1)
     x = torch.randn(20, 768, generator=torch.Generator().manual_seed(2)).to(dtype)
     _check("Q4_K", x, qweight, None, ops.qlinear(x, qweight, QFORMATS["Q4_K"].qtype))

@@ -7,8 +7,10 @@
 // Work list: per non-empty segment and projection (gated: two), tasks of output columns —
 //   ≤ kGemvMaxM rows (decode): kDecodeCols columns per task, the per-ISA decode GEMV of qlinear
 //     (isa/quant.h, quant_gemv: the packed rows streamed once, x prepared once for all segments);
-//   more rows (prefill): tiles of about kTileBytes of dequantized weights (quant_dequant_rows) times the
-//     segment's rows by ATen's GEMM (one thread inside the parallel region), like qlinear's prefill path.
+//   more rows (prefill), like qlinear's prefill path: bf16 x on a level and format with the int8 GEMM
+//     (isa/quant_gemm8.h): each such segment's x prepared once, tiles of about kTile8Bytes decoded and
+//     multiplied; otherwise tiles of about kTileBytes of dequantized weights (quant_dequant_rows) times the
+//     segment's rows by ATen's GEMM (one thread inside the parallel region).
 // One at::parallel_for over the whole list: the touched experts' bytes are read once per step and every
 // thread works whatever the segment sizes (no per-expert parallel region, no Python loop).
 // Bound: decode — the packed bytes of the touched experts at memory bandwidth; prefill — the GEMM FLOPs.
@@ -25,6 +27,7 @@
 #include "../checks/moe_quant.h"
 #include "common.h"
 #include "isa/quant.h"
+#include "isa/quant_gemm8.h"
 #include "isa_dispatch.h"
 
 namespace mk::cpu {
@@ -33,6 +36,7 @@ namespace {
 constexpr int64_t kGemvMaxM = 16;                 // segments up to this many rows run the decode GEMV
 constexpr int64_t kDecodeCols = 32;               // output columns per decode task
 constexpr int64_t kTileBytes = int64_t{1} << 20;  // a dequantized W tile of the prefill path (L2-sized)
+constexpr int64_t kTile8Bytes = int64_t{1} << 19;  // a decoded tile of the int8 GEMM (half the L2)
 
 struct Task {
   int proj;            // 0: qweight (columns [0, N) of the target), 1: up_qweight (columns [N, 2N))
@@ -61,8 +65,12 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
 
   // The work list (offsets checked by moe_qgemm_args: non-decreasing within [0, M]).
   const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const auto qt = static_cast<int32_t>(qtype);
+  const bool gemm8 = bf16 && MK_ISA_CALL(gemm8_supported)(qt);
   const int64_t elt = bf16 ? 2 : 4;
-  const int64_t tile_rows = std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16);
+  const int64_t tile_rows =
+      gemm8 ? std::max<int64_t>(16, kTile8Bytes / (MK_ISA_CALL(gemm8_tile_bytes)(qt, 16, K) / 16) / 16 * 16)
+            : std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16);
   const int64_t* o = expert_offsets.const_data_ptr<int64_t>();
   std::vector<Task> tasks;
   bool any_gemv = false;
@@ -100,6 +108,25 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
     }
   }
   const at::Tensor xg = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);  // the GEMM's x
+  // The int8 GEMM's prepared x of every prefill segment (blocks of 16 rows from the segment's first row).
+  std::vector<int64_t> xp_at(static_cast<size_t>(G), -1);
+  at::Tensor xp;
+  if (gemm8) {
+    int64_t total = 0;
+    for (int64_t g = 0; g < G; ++g)
+      if (o[g + 1] - o[g] > kGemvMaxM) xp_at[g] = total, total += MK_ISA_CALL(gemm8_x_bytes)(qt, o[g + 1] - o[g], K);
+    if (total > 0) {
+      xp = at::empty({total}, x.options().dtype(at::kByte));
+      const auto prepare = MK_ISA_CALL(gemm8_prepare_x);
+      for (int64_t g = 0; g < G; ++g) {
+        if (xp_at[g] < 0) continue;
+        const int64_t rows = o[g + 1] - o[g];
+        at::parallel_for(0, (rows + 15) / 16, parallel_grain(16 * K, 1), [&](int64_t b0, int64_t b1) {
+          prepare(qt, xb + o[g] * K, rows, K, b0, b1, static_cast<uint8_t*>(xp.data_ptr()) + xp_at[g]);
+        });
+      }
+    }
+  }
 
   const int64_t R = int8 ? K : K / f.block * f.bytes;  // packed bytes per weight row
   const uint8_t* wbase[2] = {static_cast<const uint8_t*>(qweight.const_data_ptr()),
@@ -108,6 +135,9 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
                            int8 && gated ? up_scales->const_data_ptr<float>() : nullptr};
   const auto gemv = MK_ISA_CALL(quant_gemv);
   const auto dequant = MK_ISA_CALL(quant_dequant_rows);
+  const auto decode8 = MK_ISA_CALL(gemm8_decode_tile);
+  const auto gemm8_tile = MK_ISA_CALL(gemm8_tile);
+  const int64_t tile8_bytes = gemm8 ? MK_ISA_CALL(gemm8_tile_bytes)(qt, tile_rows, K) : 0;
   const bool y_bf16 = Y.scalar_type() == at::kBFloat16;
   char* ybase = static_cast<char*>(Y.data_ptr());
   const int64_t yelt = Y.element_size();
@@ -126,6 +156,13 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
                 ybase + (k.row0 * ldy + col0) * yelt, ldy,
                 k8 ? reinterpret_cast<const int16_t*>(s1) + k.row0 * (K / 16) : nullptr};
         gemv(a, k.n0, k.n1);
+      } else if (gemm8) {
+        if (!tile.defined()) tile = at::empty({tile8_bytes}, x.options().dtype(at::kByte));
+        decode8(qt, w, K, k.n0, k.n1, tile.data_ptr());
+        const Task* nx = t + 1 < t1 && tasks[t + 1].rows > kGemvMaxM ? &tasks[t + 1] : nullptr;  // prefetched
+        gemm8_tile(qt, static_cast<const uint8_t*>(xp.const_data_ptr()) + xp_at[k.g], k.rows, K, tile.const_data_ptr(),
+                   k.n1 - k.n0, ybase + (k.row0 * ldy + col0 + k.n0) * yelt, ldy, y_bf16,
+                   nx ? wbase[nx->proj] + (nx->g * N + nx->n0) * R : nullptr, nx ? (nx->n1 - nx->n0) * R : 0);
       } else {
         if (!tile.defined()) tile = at::empty({tile_rows, K}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
         const int64_t n = k.n1 - k.n0;

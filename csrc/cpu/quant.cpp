@@ -114,14 +114,23 @@ void* tile_scratch(size_t bytes) {
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
 }
 
-// Tiles of W for a prefill GEMM: at most max_rows rows (a multiple of 16, at least 16) and a multiple of the
-// thread count of them with equal rows, so that every thread gets the same work (at::parallel_for hands each
-// thread one contiguous range of tiles). Returns the rows per tile.
-int64_t tile_rows(int64_t N, int64_t max_rows) {
+// Tiles of W for a prefill GEMM: at most max_rows rows (a multiple of `multiple`, at least that) and a multiple
+// of the thread count of them with equal rows, so that every thread gets the same work (at::parallel_for hands
+// each thread one contiguous range of tiles). Returns the rows per tile.
+int64_t tile_rows(int64_t N, int64_t max_rows, int64_t multiple) {
   const int64_t nthreads = at::get_num_threads();
-  max_rows = std::max<int64_t>(16, max_rows / 16 * 16);
+  max_rows = std::max(multiple, max_rows / multiple * multiple);
   const int64_t want = nthreads * ((N + nthreads * max_rows - 1) / (nthreads * max_rows));
-  return ((N + want - 1) / want + 15) / 16 * 16;
+  return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
+}
+
+// The calling thread's buffer for the int8 GEMM's prepared x, 64-byte aligned, grown on demand and kept (a fresh
+// allocation of this size per call is fresh pages: page faults on every prefill matmul).
+uint8_t* x_scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
 }
 
 // bf16 x on a level and format with the int8 GEMM (isa/quant_gemm8.h): x quantized once per call into its
@@ -129,25 +138,29 @@ int64_t tile_rows(int64_t N, int64_t max_rows) {
 void qlinear_gemm8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, int64_t qtype) {
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
   const auto qt = static_cast<int32_t>(qtype);
-  at::Tensor xp = at::empty({MK_ISA_CALL(gemm8_x_bytes)(qt, M, K)}, x.options().dtype(at::kByte));
+  uint8_t* xp = x_scratch(static_cast<size_t>(MK_ISA_CALL(gemm8_x_bytes)(qt, M, K)));
   const auto prepare = MK_ISA_CALL(gemm8_prepare_x);
   const auto* xb = reinterpret_cast<const uint16_t*>(x.const_data_ptr());
   at::parallel_for(0, (M + 15) / 16, parallel_grain(16 * K, 1), [&](int64_t b0, int64_t b1) {
-    prepare(qt, xb, M, K, b0, b1, xp.data_ptr());
+    prepare(qt, xb, M, K, b0, b1, xp);
   });
   const int64_t row_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, 16, K) / 16;
-  const int64_t nt = tile_rows(N, kTile8Bytes / row_bytes), ntiles = (N + nt - 1) / nt;
+  // tiles of any multiple of 4 rows (the kernel's register tile; other row counts are fine, only slower)
+  const int64_t nt = tile_rows(N, kTile8Bytes / row_bytes, 4), ntiles = (N + nt - 1) / nt;
   const auto decode = MK_ISA_CALL(gemm8_decode_tile);
   const auto gemm = MK_ISA_CALL(gemm8_tile);
   const int64_t tile_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, nt, K);
   const bool bf16_out = out.scalar_type() == at::kBFloat16;
+  const auto* w = static_cast<const uint8_t*>(qweight.const_data_ptr());
+  const int64_t wrow = qweight.size(1);  // packed bytes per row
   const auto run = [&](void* y, size_t esz) {
     at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
       void* buf = tile_scratch(static_cast<size_t>(tile_bytes));
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t n0 = t * nt, n1 = std::min(N, n0 + nt);
-        decode(qt, qweight.const_data_ptr(), K, n0, n1, buf);
-        gemm(qt, xp.const_data_ptr(), M, K, buf, n1 - n0, static_cast<uint8_t*>(y) + n0 * esz, N, bf16_out);
+        const int64_t n0 = t * nt, n1 = std::min(N, n0 + nt), n2 = t + 1 < t1 ? std::min(N, n1 + nt) : n1;
+        decode(qt, w, K, n0, n1, buf);
+        gemm(qt, xp, M, K, buf, n1 - n0, static_cast<uint8_t*>(y) + n0 * esz, N, bf16_out,
+             w + n1 * wrow, (n2 - n1) * wrow);  // this thread's next tile, prefetched meanwhile
       }
     });
   };
@@ -181,7 +194,7 @@ void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
   }
   // Tiles of W: at most ~kTileBytes dequantized (they stay in the thread's L2 between the dequantization and
   // the GEMM).
-  const int64_t nt = tile_rows(N, kTileBytes / (K * elt));
+  const int64_t nt = tile_rows(N, kTileBytes / (K * elt), 16);
   const int64_t ntiles = (N + nt - 1) / nt;
   const auto dequant = MK_ISA_CALL(quant_dequant_rows);
   const auto tile_gemm = MK_ISA_CALL(tile_gemm);

@@ -128,6 +128,26 @@ void prepare_x(const uint16_t* x, int64_t M, int64_t K, int64_t b0, int64_t b1, 
     }
 }
 
+// One K-quant super-block's integer scales and offset pairs (vectorised: a tile decode is ~N·K / 256 of these).
+template <int32_t QT>
+inline void super_scales(const uint8_t* blk, int32_t* sc, int32_t* mp, float* dd) {
+  if constexpr (QT == ::mk::kQ6_K) {  // sc int8 [16]; pairs (−32·sc_2p, −32·sc_2p+1) as int16
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    _mm512_storeu_si512(sc, _mm512_cvtepi8_epi32(s8));
+    const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mp), _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5)));
+    dd[0] = quant::fp16_at(blk + 208), dd[1] = 0.0f;
+  } else {  // sc_s and m_s 6-bit; pairs (m_2p, m_2p+1) as int16
+    uint32_t scw[2], mnw[2];
+    quant::k4_scale_bytes(blk + 4, scw, mnw);
+    const __m128i s8 = _mm_set_epi32(0, 0, static_cast<int>(scw[1]), static_cast<int>(scw[0]));
+    const __m128i m8 = _mm_set_epi32(0, 0, static_cast<int>(mnw[1]), static_cast<int>(mnw[0]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc), _mm256_cvtepu8_epi32(s8));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(mp), _mm_cvtepu8_epi16(m8));
+    dd[0] = quant::fp16_at(blk), dd[1] = quant::fp16_at(blk + 2);
+  }
+}
+
 template <int32_t QT>
 void decode_tile(const uint8_t* w, int64_t K, int64_t n0, int64_t n1, uint8_t* tile) {
   constexpr int QK = quant::Geometry<QT>::QK, BYTES = quant::Geometry<QT>::BYTES;
@@ -138,31 +158,26 @@ void decode_tile(const uint8_t* w, int64_t K, int64_t n0, int64_t n1, uint8_t* t
     uint8_t* codes = tile + r * K;
     for (int64_t b = 0; b < nblocks; ++b) {
       const uint8_t* blk = row + b * BYTES;
-      quant::decode_codes<QT>(blk, [&](int c, __m256i cv, float s0, float, float mn) {
-        if constexpr (QT == ::mk::kQ8_0) cv = _mm256_xor_si256(cv, _mm256_set1_epi8(static_cast<char>(0x80)));
-        if constexpr (QT == ::mk::kQ6_K) cv = _mm256_add_epi8(cv, _mm256_set1_epi8(32));  // q ∈ 0..63
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * QK + 32 * c), cv);
-        if constexpr (kChunked<QT>) {
+      auto* out = reinterpret_cast<__m256i*>(codes + b * QK);
+      if constexpr (kChunked<QT>) {
+        quant::decode_codes<QT>(blk, [&](int, __m256i cv, float s0, float, float mn) {
+          if constexpr (QT == ::mk::kQ8_0) cv = _mm256_xor_si256(cv, _mm256_set1_epi8(static_cast<char>(0x80)));
+          _mm256_storeu_si256(out, cv);
           reinterpret_cast<float*>(tile + p.a)[r * (K / 32) + b] = s0;
           if constexpr (kOff<QT> == 0) reinterpret_cast<float*>(tile + p.b)[r * (K / 32) + b] = mn;
-        }
-      });
-      if constexpr (kSuper<QT>) {
-        int32_t* sc = reinterpret_cast<int32_t*>(tile + p.a) + (r * nblocks + b) * kSubs<QT>;
-        int32_t* mp = reinterpret_cast<int32_t*>(tile + p.b) + (r * nblocks + b) * kPairs<QT>;
-        float* dd = reinterpret_cast<float*>(tile + p.c) + (r * nblocks + b) * 2;
-        int32_t off[kSubs<QT>];  // per sub-block: the integer offset weight paired with Σ q
+        });
+      } else {
         if constexpr (QT == ::mk::kQ6_K) {
-          for (int h = 0; h < 16; ++h) sc[h] = static_cast<int8_t>(blk[192 + h]), off[h] = -32 * sc[h];
-          dd[0] = quant::fp16_at(blk + 208), dd[1] = 0.0f;
+          quant::decode_codes<QT>(blk, [&](int c, __m256i cv, float, float, float) {
+            _mm256_storeu_si256(out + c, _mm256_add_epi8(cv, _mm256_set1_epi8(32)));  // q ∈ 0..63
+          });
         } else {
-          uint32_t scw[2], mnw[2];
-          quant::k4_scale_bytes(blk + 4, scw, mnw);
-          for (int h = 0; h < 8; ++h) sc[h] = (scw[h / 4] >> (8 * (h % 4))) & 0xff, off[h] = (mnw[h / 4] >> (8 * (h % 4))) & 0xff;
-          dd[0] = quant::fp16_at(blk), dd[1] = quant::fp16_at(blk + 2);
+          quant::k4_codes<QT>(blk, [&](int c, __m256i cv) { _mm256_storeu_si256(out + c, cv); });
         }
-        for (int q = 0; q < kPairs<QT>; ++q)
-          mp[q] = static_cast<int32_t>((static_cast<uint32_t>(off[2 * q + 1]) << 16) | static_cast<uint16_t>(off[2 * q]));
+        const int64_t i = r * nblocks + b;
+        super_scales<QT>(blk, reinterpret_cast<int32_t*>(tile + p.a) + i * kSubs<QT>,
+                         reinterpret_cast<int32_t*>(tile + p.b) + i * kPairs<QT>,
+                         reinterpret_cast<float*>(tile + p.c) + i * 2);
       }
     }
   }
@@ -323,13 +338,19 @@ void tile_rows(int nr, const uint8_t* xp, const XParts& xpp, int64_t M, int64_t 
 
 template <int32_t QT>
 void gemm_tile(const uint8_t* xp, int64_t M, int64_t K, const uint8_t* tile, int64_t R, void* y, int64_t ldy,
-               bool out_bf16) {
+               bool out_bf16, const uint8_t* next, int64_t next_bytes) {
   const XParts xpp = x_parts<QT>(M, K);
   const TileParts tp = tile_parts<QT>(R, K);
   const int64_t nb = (M + 15) / 16;
+  // the next packed rows, an equal share of 64-byte lines per register tile
+  const int64_t calls = (nb + kBlocks - 1) / kBlocks * ((R + kRows - 1) / kRows);
+  const int64_t lines = next ? (next_bytes + 63) / 64 : 0, per_call = (lines + calls - 1) / calls;
+  int64_t line = 0;
   for (int64_t b = 0; b < nb; b += kBlocks) {
     const bool full = b + kBlocks <= nb;
     for (int64_t r0 = 0; r0 < R; r0 += kRows) {
+      for (const int64_t end = std::min(lines, line + per_call); line < end; ++line)
+        _mm_prefetch(reinterpret_cast<const char*>(next + 64 * line), _MM_HINT_T1);
       const int nr = static_cast<int>(std::min<int64_t>(kRows, R - r0));
       if (full)
         tile_rows<QT, kBlocks>(nr, xp, xpp, M, b, K, tile, tp, r0, y, ldy, out_bf16);
@@ -400,14 +421,16 @@ void gemm8_decode_tile(int32_t qtype, const void* w, int64_t K, int64_t n0, int6
 }
 
 void gemm8_tile(int32_t qtype, const void* xp, int64_t M, int64_t K, const void* tile, int64_t R, void* y,
-                int64_t ldy, bool out_bf16) {
+                int64_t ldy, bool out_bf16, const void* next, int64_t next_bytes) {
 #if defined(MK_GEMM8)
   ::mk::with_block_qtype(qtype, [&]<int32_t QT>() {
     if constexpr (kFormat<QT>)
-      gemm_tile<QT>(static_cast<const uint8_t*>(xp), M, K, static_cast<const uint8_t*>(tile), R, y, ldy, out_bf16);
+      gemm_tile<QT>(static_cast<const uint8_t*>(xp), M, K, static_cast<const uint8_t*>(tile), R, y, ldy, out_bf16,
+                    static_cast<const uint8_t*>(next), next_bytes);
   });
 #else
-  (void)qtype, (void)xp, (void)M, (void)K, (void)tile, (void)R, (void)y, (void)ldy, (void)out_bf16;
+  (void)qtype, (void)xp, (void)M, (void)K, (void)tile, (void)R, (void)y, (void)ldy, (void)out_bf16, (void)next,
+      (void)next_bytes;
 #endif
 }
 

@@ -48,6 +48,8 @@ MK_ISA_DECLARE(void gemm8_prepare_x(int32_t qtype, const uint16_t* x, int64_t M,
 MK_ISA_DECLARE(int64_t gemm8_tile_bytes(int32_t qtype, int64_t R, int64_t K))
 // Rows [n0, n1) of the packed W [N, K / QK · bytes] decoded into tile (64-byte aligned; R = n1 - n0 rows).
 MK_ISA_DECLARE(void gemm8_decode_tile(int32_t qtype, const void* w, int64_t K, int64_t n0, int64_t n1, void* tile))
-// y[m, r] for m < M, r < R (row stride ldy; fp32, or bf16 bits when out_bf16) from the prepared x and a tile.
+// y[m, r] for m < M, r < R (row stride ldy; fp32, or bf16 bits when out_bf16) from the prepared x and a tile;
+// meanwhile prefetches [next, next + next_bytes) (the packed rows the caller decodes next; null: none) into
+// the L2, spread over the multiplication, so that the next decode does not wait for memory.
 MK_ISA_DECLARE(void gemm8_tile(int32_t qtype, const void* xp, int64_t M, int64_t K, const void* tile, int64_t R,
-                               void* y, int64_t ldy, bool out_bf16))
+                               void* y, int64_t ldy, bool out_bf16, const void* next, int64_t next_bytes))
