@@ -1,5 +1,5 @@
 // cpu/isa/norm.h — the per-ISA row loops of rms_norm, fused_add_rms_norm, silu_and_mul (csrc/cpu/norm.cpp)
-// and the SwiGLU of the MoE experts (csrc/cpu/moe.cpp). Shapes: rows [r0, r1), H hidden, I intermediate.
+// and the SwiGLU of the MoE experts (csrc/cpu/moe.cpp, moe_quant.cpp). Shapes: rows [r0, r1), H hidden, I intermediate.
 #pragma once
 
 #include <cstdint>
