@@ -16,7 +16,12 @@ it with and without speculation, rounds interleaved (plain, speculative, plain, 
     verifies);
 (c) cost model: one fused decode step of B sequences × (k+1) verify rows vs one of B rows (plain), B = 1 … 8,
     k = 1 … 8 — the ratio a verify step must beat with its accepted tokens;
-(d) with --gguf7b: the same ratio at B = 1 on the 7B-shaped GGUF (random weights: no acceptance figure).
+(d) with --gguf7b: the same ratio at B = 1 on the 7B-shaped GGUF (random weights: no acceptance figure);
+(e) with --llama-bin DIR: llama.cpp on the same file and threads — its prompt-lookup decoding (``llama-lookup
+    --draft-max K --temp 0``, built with ``-DLLAMA_BUILD_EXAMPLES=ON``; its n-grams of 1 … 4 tokens) on the
+    copy task's first passage (the chat-formatted text, token count checked against ours) against its plain
+    decode (``llama-bench -p 0 -n G -d P``: G tokens after P of context, the same lengths), interleaved rounds,
+    next to ours (plain, fixed k = K) on the same prompt.
 
 Decode tok/s = tokens of decode steps / their time (the engine's stats: prefill excluded), so (a) and (b)
 compare the decoding part, where speculation acts.
@@ -24,8 +29,11 @@ compare the decoding part, where speculation acts.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,6 +164,49 @@ def cost_table(model, batches: list[int], ks: list[int], reps: int) -> list[list
     return rows
 
 
+def _run(cmd: list[str]) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return done.stdout + done.stderr
+
+
+def lookup_vs_llamacpp(bin_dir: Path, llm, engines: dict[str, Engine], ids: list[int], new_tokens: int, k: int,
+                       rounds: int) -> tuple[list[list[object]], str]:
+    """Part (e): llama-lookup vs llama-bench's plain decode on our default model file, ours alongside."""
+    path = str(llm.path)
+    text = llm.tokenizer.decode(ids, skip_special_tokens=False)
+    threads = str(torch.get_num_threads())
+    lk = {"plain": [], "lookup": [], "accept": []}
+    n_input = None
+    ours = {name: [] for name in engines}
+    ours_acc = []
+    for _ in range(rounds):
+        log = _run([str(bin_dir / "llama-lookup"), "-m", path, "-p", text, "-n", str(new_tokens), "-t", threads,
+                    "--spec-draft-n-max", str(k), "--temp", "0", "-c", "2048"])
+        n_input = int(re.search(r"encoded\s+(\d+) tokens", log).group(1))
+        lk["lookup"].append(float(re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", log).group(1)))
+        lk["accept"].append(float(re.search(r"accept\s+=\s+([\d.]+)%", log).group(1)) / 100)
+        bench = _run([str(bin_dir / "llama-bench"), "-m", path, "-p", "0", "-n", str(new_tokens), "-d", str(len(ids)),
+                      "-t", threads, "-r", "1", "-o", "jsonl"])
+        lk["plain"].append(float(json.loads(bench.strip().splitlines()[-1])["avg_ts"]))
+        for name, eng in engines.items():
+            t, a, _, _ = decode_run(eng, [(ids, SamplingParams(max_new_tokens=new_tokens))])
+            ours[name].append(t)
+            if name != "plain":
+                ours_acc.append(a)
+    med = statistics.median
+    spec = next(n for n in engines if n != "plain")
+    rows = [[f"llama.cpp (llama-lookup --spec-draft-n-max {k})", med(lk["plain"]), med(lk["lookup"]),
+             f"{med(lk['lookup']) / med(lk['plain']):.2f}×", f"{med(lk['accept']):.1%}"],
+            [f"ours ({spec})", med(ours["plain"]), med(ours[spec]), f"{med(ours[spec]) / med(ours['plain']):.2f}×",
+             f"{med(ours_acc):.1%}"]]
+    note = (f"Prompt: {len(ids)} tokens ours, {n_input} as llama-lookup tokenized the same text"
+            + ("" if n_input == len(ids) else " (not the same count)") + f"; {new_tokens} new tokens at most, "
+            "greedy (llama-lookup's 'accept' is accepted / drafted tokens, ours accepted / proposed).")
+    return rows, note
+
+
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
@@ -165,6 +216,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7, help="timed forwards per cost-model cell")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     ap.add_argument("--parts", default="abc", help="which of (a), (b), (c) to run (default all: abc)")
+    ap.add_argument("--llama-bin", type=Path, default=None,
+                    help="llama.cpp's bin directory (llama-lookup, llama-bench): part (e)")
     args = ap.parse_args()
 
     load_before = os.getloadavg()
@@ -250,6 +303,18 @@ def main() -> None:
                 "verify step of k+1 rows vs a plain step, batch 1.", "",
                 markdown_table(["B", "plain step ms", *[f"k={k}" for k in ks7]], cost7), ""]
         print(cost7, flush=True)
+    if args.llama_bin is not None:
+        k = ks[0]
+        ids = grounded[0]
+        eng = {"plain": engine(None, max_batch=1), f"fixed k={k}": engine(SpeculativeConfig(num_tokens=k, adaptive=False),
+                                                                           max_batch=1)}
+        rows_e, note = lookup_vs_llamacpp(args.llama_bin, llm, eng, ids, args.new_tokens, k, args.rounds)
+        out += [f"(e) llama.cpp's prompt lookup on the same file ({Path(llm.path).name}), copy task passage 1, "
+                f"{torch.get_num_threads()} threads both sides, {args.rounds} interleaved rounds (medians); "
+                "decode tok/s (llama-lookup: generated tokens / its decode time; ours: the engine's decode steps).",
+                "", markdown_table(["", "plain decode tok/s", "lookup / n-gram decode tok/s", "speed-up",
+                                    "accepted"], rows_e), "", note, ""]
+        print(rows_e, note, flush=True)
     load_after = os.getloadavg()
     out += [f"Load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after: the 2-core machine was "
             "shared with other jobs during the run."]
