@@ -1,4 +1,5 @@
-"""ops.linear / skinny_linear (decode-sized CPU matmul) against an fp64 matmul and reference.linear."""
+"""ops.linear / skinny_linear (the CPU's dense matmul: the decode GEMV, and fp32 prefill by the tile GEMM) against an
+fp64 matmul and reference.linear."""
 
 from __future__ import annotations
 
@@ -65,8 +66,6 @@ def test_skinny_linear_bad_inputs() -> None:
     x, w = torch.randn(2, 8), torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="weight.shape\\[1\\]"):
         op(torch.empty(2, 4), x, torch.randn(4, 9))
-    with pytest.raises(RuntimeError, match="M\\) must be <= 16"):
-        op(torch.empty(17, 4), torch.randn(17, 8), w)
     with pytest.raises(RuntimeError, match="weight has dtype"):
         op(torch.empty(2, 4), x, w.bfloat16())
     with pytest.raises(RuntimeError, match="out.shape\\[1\\]"):
@@ -138,3 +137,28 @@ def test_qlinear_out_of_the_wrong_type_is_named() -> None:
         ops.qlinear(torch.randn(2, 64), q, QFORMATS["Q8_0"].qtype, out=[0.0] * 16)
     with pytest.raises(ValueError, match="qlinear: out must be contiguous"):
         ops.qlinear(torch.randn(2, 64), q, QFORMATS["Q8_0"].qtype, out=torch.empty(8).expand(2, 8))
+
+
+@pytest.mark.parametrize("M,N,K", [(17, 5, 7), (40, 33, 576), (73, 1000, 576), (42, 576, 1536), (17, 9, 1)])
+def test_linear_fp32_prefill_tile_gemm(M: int, N: int, K: int) -> None:
+    # fp32 x above 16 rows takes the fp32 tile GEMM (csrc/cpu/linear.cpp: x packed in 16-row blocks, pairs and a
+    # lone block, W in place in tiles of 8-row multiples, tails of both): against the fp64 product, each output
+    # one fp32 chain over K (|err| <= (K + 2) · 2^-24 · Σ|x||w|); a row does not depend on M, its position or the
+    # thread count.
+    g = torch.Generator().manual_seed(M * 7 + N + K)
+    x, w = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g)
+    got = ops.linear(x, w)
+    expect = x.double() @ w.double().T
+    bound = (K + 2) * 2.0**-24 * (x.double().abs() @ w.double().abs().T) + 1e-30
+    assert bool(((got.double() - expect).abs() <= bound).all())
+    if not mistral_kernels.cpu_isa().startswith("avx512"):
+        return  # other levels take ATen's GEMM, which promises no invariance
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.linear(x, w)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, got)
+    bigger = ops.linear(torch.cat([torch.randn(5, K, generator=g), x]), w)  # the rows in other lanes / blocks
+    assert torch.equal(bigger[5:], got)

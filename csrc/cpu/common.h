@@ -65,6 +65,17 @@ inline int64_t parallel_grain(int64_t work_per_item, int64_t min_items = 1) {
   return std::max<int64_t>(min_items, kTaskWork / std::max<int64_t>(1, work_per_item));
 }
 
+// Rows per tile when the N rows of W are cut into tiles for a prefill GEMM: at most max_rows (a multiple of
+// `multiple`, at least that) and a multiple of the thread count of tiles with equal rows (the last one
+// partial), so that every thread gets the same work (at::parallel_for hands each thread one contiguous range
+// of tiles). Example: N = 700, max_rows 240, multiple 16, 2 threads → 4 tiles of 176 rows (the last 172).
+inline int64_t equal_tile_rows(int64_t N, int64_t max_rows, int64_t multiple) {
+  const int64_t nthreads = at::get_num_threads();
+  max_rows = std::max(multiple, max_rows / multiple * multiple);
+  const int64_t want = nthreads * ((N + nthreads * max_rows - 1) / (nthreads * max_rows));
+  return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
+}
+
 }  // namespace mk::cpu
 
 // One line of TORCH_LIBRARY_IMPL(mistral_kernels, CPU, m): registers mk::cpu::<name> for op <name>.

@@ -7,7 +7,7 @@
 //     to fp32 once, M·K elements). Results are written once in out's dtype. Bound: memory — the packed bytes
 //     N·R per call at copy bandwidth.
 //   M > kGemvMaxM (prefill): one parallel region over tiles of W's rows — equal tiles, the same number per
-//     thread (tile_rows) — where a task decodes a tile into its thread's buffer (L2) and multiplies x by it at
+//     thread (equal_tile_rows, common.h) — where a task decodes a tile into its thread's buffer (L2) and multiplies x by it at
 //     once, written into out's columns:
 //     - bf16 x on an AVX512-VNNI level, block formats: the int8 GEMM (isa/quant_gemm8.h: x quantized once per
 //       call like the GEMV's, the tile decoded to byte codes and per-chunk scales, vpdpbusd). Bound: the
@@ -114,16 +114,6 @@ void* tile_scratch(size_t bytes) {
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
 }
 
-// Tiles of W for a prefill GEMM: at most max_rows rows (a multiple of `multiple`, at least that) and a multiple
-// of the thread count of them with equal rows, so that every thread gets the same work (at::parallel_for hands
-// each thread one contiguous range of tiles). Returns the rows per tile.
-int64_t tile_rows(int64_t N, int64_t max_rows, int64_t multiple) {
-  const int64_t nthreads = at::get_num_threads();
-  max_rows = std::max(multiple, max_rows / multiple * multiple);
-  const int64_t want = nthreads * ((N + nthreads * max_rows - 1) / (nthreads * max_rows));
-  return ((N + want - 1) / want + multiple - 1) / multiple * multiple;
-}
-
 // The calling thread's buffer for the int8 GEMM's prepared x, 64-byte aligned, grown on demand and kept (a fresh
 // allocation of this size per call is fresh pages: page faults on every prefill matmul).
 uint8_t* x_scratch(size_t bytes) {
@@ -146,7 +136,7 @@ void qlinear_gemm8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweig
   });
   const int64_t row_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, 16, K) / 16;
   // tiles of any multiple of 4 rows (the kernel's register tile; other row counts are fine, only slower)
-  const int64_t nt = tile_rows(N, kTile8Bytes / row_bytes, 4), ntiles = (N + nt - 1) / nt;
+  const int64_t nt = equal_tile_rows(N, kTile8Bytes / row_bytes, 4), ntiles = (N + nt - 1) / nt;
   const auto decode = MK_ISA_CALL(gemm8_decode_tile);
   const auto gemm = MK_ISA_CALL(gemm8_tile);
   const int64_t tile_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, nt, K);
@@ -194,7 +184,7 @@ void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
   }
   // Tiles of W: at most ~kTileBytes dequantized (they stay in the thread's L2 between the dequantization and
   // the GEMM).
-  const int64_t nt = tile_rows(N, kTileBytes / (K * elt), 16);
+  const int64_t nt = equal_tile_rows(N, kTileBytes / (K * elt), 16);
   const int64_t ntiles = (N + nt - 1) / nt;
   const auto dequant = MK_ISA_CALL(quant_dequant_rows);
   const auto tile_gemm = MK_ISA_CALL(tile_gemm);

@@ -24,7 +24,7 @@ import torch
 
 from .quant import QuantOps
 
-SKINNY_MAX_M = 16  # must match kMaxM in csrc/cpu/linear.cpp
+SKINNY_MAX_M = 16  # must match kMaxM in csrc/cpu/linear.cpp (its GEMV; fp32 above it: its tile GEMM)
 _SKINNY_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _skinny_linear = torch.ops.mistral_kernels.skinny_linear.default
 
@@ -56,7 +56,7 @@ def make_linear(quant: Any) -> Callable[..., torch.Tensor]:
             and x.dtype in _SKINNY_DTYPES
             and x.dim() >= 1
             and weight.dim() == 2
-            and x.numel() <= SKINNY_MAX_M * x.shape[-1]
+            and (x.numel() <= SKINNY_MAX_M * x.shape[-1] or x.dtype == torch.float32)
             and (out is None or (out.shape == x.shape[:-1] + weight.shape[:1] and out.is_contiguous()))
             and x.is_contiguous()
             and weight.is_contiguous()
