@@ -15,6 +15,7 @@
 #include <bit>
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "../checks/common.h"
 #include "isa/api.h"
@@ -63,6 +64,22 @@ inline Elem elem_of(at::ScalarType t) {
 inline constexpr int64_t kTaskWork = int64_t{1} << 16;
 inline int64_t parallel_grain(int64_t work_per_item, int64_t min_items = 1) {
   return std::max<int64_t>(min_items, kTaskWork / std::max<int64_t>(1, work_per_item));
+}
+
+// Bytes of one thread's tile of W in the prefill GEMMs: fp32 / bf16 tiles (dense, or dequantized: they stay in
+// the thread's L2 between the dequantization and the GEMM) and the int8 GEMM's decoded tiles (half the L2: the
+// prepared x shares it).
+inline constexpr int64_t kTileBytes = int64_t{1} << 20;
+inline constexpr int64_t kTile8Bytes = int64_t{1} << 19;
+
+// A buffer kept by the calling thread, 64-byte aligned, grown on demand: no allocation and no fresh pages (page
+// faults) per call. Slot tells the buffers of one thread apart (an instantiation each).
+template <int Slot>
+uint8_t* kept_buffer(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
 }
 
 // Rows per tile when the N rows of W are cut into tiles for a prefill GEMM: at most max_rows (a multiple of

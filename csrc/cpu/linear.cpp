@@ -11,11 +11,11 @@
 // M nor on the thread count. Otherwise (16-bit x, other levels) ATen's GEMM.
 #include <torch/library.h>
 
-#include "../checks/common.h"
-#include "common.h"
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 
+#include "../checks/common.h"
+#include "common.h"
 #include "isa/gemv.h"
 #include "isa/quant_tiles.h"
 #include "isa_dispatch.h"
@@ -24,7 +24,6 @@ namespace mk::cpu {
 namespace {
 
 constexpr int64_t kMaxM = kGemvMaxM;
-constexpr int64_t kTileBytes = int64_t{1} << 20;  // rows of W per tile: ≤ 1 MB of them (L2)
 
 // out = x · Wᵀ for fp32 x [M, K], M > kMaxM, by the fp32 tile kernel (the caller checked tile_gemm_supported).
 void tile_linear(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight) {

@@ -35,8 +35,6 @@ namespace {
 
 constexpr int64_t kGemvMaxM = 16;                 // segments up to this many rows run the decode GEMV
 constexpr int64_t kDecodeCols = 32;               // output columns per decode task
-constexpr int64_t kTileBytes = int64_t{1} << 20;  // a dequantized W tile of the prefill path (L2-sized)
-constexpr int64_t kTile8Bytes = int64_t{1} << 19;  // a decoded tile of the int8 GEMM (half the L2)
 
 struct Task {
   int proj;            // 0: qweight (columns [0, N) of the target), 1: up_qweight (columns [N, 2N))
@@ -64,13 +62,13 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
   const at::ScalarType ydt = half ? at::kFloat : x.scalar_type();
   const int64_t ldy = gated ? 2 * N : N;
   at::Tensor Y = !gated && !half ? out : at::empty({M, ldy}, x.options().dtype(ydt));
-  {  // the rows outside every segment, [0, o[0]) and [o[G], M), are 0 (the tasks write every other row of Y)
-    const int64_t* ob = expert_offsets.const_data_ptr<int64_t>();
-    Y.narrow(0, 0, ob[0]).zero_();
-    Y.narrow(0, ob[G], M - ob[G]).zero_();
-  }
+  // The segments (offsets checked by moe_qgemm_args: non-decreasing within [0, M]); the rows outside every
+  // segment, [0, o[0]) and [o[G], M), are 0 (the tasks write every other row of Y).
+  const int64_t* o = expert_offsets.const_data_ptr<int64_t>();
+  Y.narrow(0, 0, o[0]).zero_();
+  Y.narrow(0, o[G], M - o[G]).zero_();
 
-  // The work list (offsets checked by moe_qgemm_args: non-decreasing within [0, M]).
+  // The work list.
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const auto qt = static_cast<int32_t>(qtype);
   const bool gemm8 = bf16 && MK_ISA_CALL(gemm8_supported)(qt);
@@ -78,7 +76,6 @@ void moe_qgemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& expert_of
   const int64_t tile_rows =
       gemm8 ? std::max<int64_t>(16, kTile8Bytes / (MK_ISA_CALL(gemm8_tile_bytes)(qt, 16, K) / 16) / 16 * 16)
             : std::max<int64_t>(16, kTileBytes / (K * elt) / 16 * 16);
-  const int64_t* o = expert_offsets.const_data_ptr<int64_t>();
   std::vector<Task> tasks;
   bool any_gemv = false;
   for (int64_t g = 0; g < G; ++g) {

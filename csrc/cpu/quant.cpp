@@ -37,11 +37,6 @@ namespace mk::cpu {
 namespace {
 
 constexpr int64_t kGemvMaxM = 16;               // the decode path up to this many rows of x
-constexpr int64_t kTileBytes = int64_t{1} << 20;  // a dequantized W tile of the prefill path (L2-sized)
-#if !defined(MK_GEMM8_TILE_BYTES)
-#define MK_GEMM8_TILE_BYTES (int64_t{1} << 19)
-#endif
-constexpr int64_t kTile8Bytes = MK_GEMM8_TILE_BYTES;  // a decoded tile of the int8 prefill GEMM (half the L2)
 
 // Per-thread scratch of the decode path (the quantized / summed activations), grown on demand: no tensor
 // allocation per call (decode calls are ~10 us at SmolLM2 sizes).
@@ -105,23 +100,9 @@ void qlinear_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweigh
   });
 }
 
-// Per-thread tile buffer of the prefill path, 64-byte aligned, grown on demand and kept: no allocation and no
-// fresh pages (page faults) per call.
-void* tile_scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buf;
-  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
-  const auto p = reinterpret_cast<uintptr_t>(buf.data());
-  return reinterpret_cast<void*>((p + 63) & ~uintptr_t{63});
-}
-
-// The calling thread's buffer for the int8 GEMM's prepared x, 64-byte aligned, grown on demand and kept (a fresh
-// allocation of this size per call is fresh pages: page faults on every prefill matmul).
-uint8_t* x_scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buf;
-  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
-  const auto p = reinterpret_cast<uintptr_t>(buf.data());
-  return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
-}
+// The thread's buffers of the prefill path (kept_buffer): a tile of W, and the int8 GEMM's prepared x.
+void* tile_scratch(size_t bytes) { return kept_buffer<0>(bytes); }
+uint8_t* x_scratch(size_t bytes) { return kept_buffer<1>(bytes); }
 
 // bf16 x on a level and format with the int8 GEMM (isa/quant_gemm8.h): x quantized once per call into its
 // prepared layout, then per tile of W (decoded into the thread's buffer, L2) the int8 GEMM into out's columns.
@@ -140,27 +121,19 @@ void qlinear_gemm8(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweig
   const auto decode = MK_ISA_CALL(gemm8_decode_tile);
   const auto gemm = MK_ISA_CALL(gemm8_tile);
   const int64_t tile_bytes = MK_ISA_CALL(gemm8_tile_bytes)(qt, nt, K);
-  const bool bf16_out = out.scalar_type() == at::kBFloat16;
   const auto* w = static_cast<const uint8_t*>(qweight.const_data_ptr());
   const int64_t wrow = qweight.size(1);  // packed bytes per row
-  const auto run = [&](void* y, size_t esz) {
+  with_out(out, [&](auto* y) {
     at::parallel_for(0, ntiles, 1, [&](int64_t t0, int64_t t1) {
       void* buf = tile_scratch(static_cast<size_t>(tile_bytes));
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t n0 = t * nt, n1 = std::min(N, n0 + nt), n2 = t + 1 < t1 ? std::min(N, n1 + nt) : n1;
         decode(qt, w, K, n0, n1, buf);
-        gemm(qt, xp, M, K, buf, n1 - n0, static_cast<uint8_t*>(y) + n0 * esz, N, bf16_out,
+        gemm(qt, xp, M, K, buf, n1 - n0, y + n0, N, sizeof(*y) == 2,
              w + n1 * wrow, (n2 - n1) * wrow);  // this thread's next tile, prefetched meanwhile
       }
     });
-  };
-  if (bf16_out || out.scalar_type() == at::kFloat) {
-    run(out.data_ptr(), bf16_out ? 2 : 4);
-  } else {
-    at::Tensor yf = at::empty(out.sizes(), out.options().dtype(at::kFloat));
-    run(yf.data_ptr(), 4);
-    out.copy_(yf);
-  }
+  });
 }
 
 void qlinear_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
