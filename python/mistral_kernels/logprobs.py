@@ -41,6 +41,21 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]
 
 
+def _top_lowest_id_first(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of each row of lp [R, V] with their ids [R, k], equal values lowest id first — as greedy's
+    argmax picks them, so a greedy token is its own first entry (topk leaves the order of ties unspecified).
+    Only the m ≥ k entries at or above each row's k-th value are ordered (m > k only for ties at the boundary),
+    not the whole vocabulary."""
+    if k == 0:
+        return lp[:, :0], lp[:, :0].long()
+    kth = lp.topk(k, dim=-1).values[:, -1:]
+    m = max(k, int((lp >= kth).sum(dim=-1).max()))
+    vals, ids = lp.topk(m, dim=-1)
+    ids, by_id = ids.sort(dim=-1)
+    vals, by_val = vals.gather(1, by_id).sort(dim=-1, descending=True, stable=True)
+    return vals[:, :k], ids.gather(1, by_val)[:, :k]
+
+
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
                    top_n: Sequence[int | None]) -> list[TokenLogprob | None]:
     """Log-probabilities of the sampled tokens of the rows that ask for them.
@@ -67,10 +82,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
     lp = logits.index_select(0, idx).float().log_softmax(dim=-1)  # [R, V]
     chosen = token_ids.index_select(0, idx)  # [R]
     k = min(max(int(top_n[i] or 0) for i in rows), lp.shape[-1])
-    # ties in the lowest id first, as greedy's argmax picks them (so a greedy token is its own top entry);
-    # topk leaves the order of equal values unspecified
-    top_lp, top_ids = lp.sort(dim=-1, descending=True, stable=True)
-    top_lp, top_ids = top_lp[:, :k], top_ids[:, :k]  # [R, K]
+    top_lp, top_ids = _top_lowest_id_first(lp, k)  # [R, K]
     # One host read: ids are exact in float64 (vocabularies are far below 2**53).
     packed = torch.cat([chosen[:, None].double(), lp.gather(1, chosen[:, None]).double(), top_ids.double(),
                         top_lp.double()], dim=1).tolist()  # [R, 2 + 2K]
