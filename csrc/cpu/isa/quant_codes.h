@@ -108,6 +108,41 @@ __attribute__((always_inline)) inline void decode_codes(const uint8_t* blk, F&& 
   }
 }
 
+// ---- the weight stream and the passes over the rows of x ------------------------------------------------------
+// The decode GEMVs read W once, front to back, and prefetch it in software ahead of the block they decode. The
+// hardware prefetcher alone loses the stream on long rows: one thread on Q4_0 from memory ran at 20 GB/s up to
+// K = 11264 and at 13 / 8 GB/s at K = 14336 / 28672 (a 7B FFN down matrix and beyond: a row of x then outgrows
+// L1 next to the weights and its refills from L2 compete with the stream), while resident in L3 every K ran at
+// 21. Prefetching kStreamAhead bytes ahead into L2 (T1; L1 fills on use) holds every K at 19–21 GB/s on one
+// thread and two threads at the read bandwidth on 4096×14336 (Q4_0 25 → 37, Q8_0 24 → 35, Q6_K 24 → 36 GB/s);
+// 4 and 8 KB measured slower, T0 slower, and K-slices of x (rows of W four at a time) slower still. The
+// K-quant kernels gain from it at every K (+4–15 % on one thread); the 32-blocks' lanes kernel, compute-bound
+// on one thread at short rows, lost 3–8 % there, so rows up to kLongRow elements keep the next group's
+// prefetch into L1 (near).
+inline constexpr int kStreamAhead = 6144;
+inline constexpr int64_t kLongRow = 8192;
+template <int BYTES>
+__attribute__((always_inline)) inline void prefetch_stream(const uint8_t* p, bool far = true) {
+  if (far) {
+    for (int o = 0; o < BYTES; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kStreamAhead + o), _MM_HINT_T1);
+  } else {
+    for (int o = 0; o < BYTES; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + BYTES + o), _MM_HINT_T0);
+  }
+}
+
+// The passes over the rows of x for one row of W: 8 at a time, then 4, then the last 3, 2 or 1 (a speculative
+// verify step's k + 1 rows in one pass for k ≤ 3). A row of x's arithmetic does not depend on its pass, so every
+// output is the same whatever M.
+template <typename F>
+inline void row_passes(int64_t M, F&& f) {
+  int64_t m = 0;
+  for (; M - m >= 8; m += 8) f.template operator()<8>(m);
+  if (M - m >= 4) f.template operator()<4>(m), m += 4;
+  if (M - m == 3) f.template operator()<3>(m);
+  if (M - m == 2) f.template operator()<2>(m);
+  if (M - m == 1) f.template operator()<1>(m);
+}
+
 // ---- activations quantized to int8 per 32 ------------------------------------------------------------------
 // x is quantized once per call, per chunk of 32: dx = max|x| / 127, q = round(x / dx) (|x - dx·q| ≤ dx / 2),
 // xs = dx · Σ q. A weight chunk's codes c with scales s (per 16) and offset mn (w = s·c + mn) then gives
@@ -219,17 +254,10 @@ void gemv_rows_q8(const uint8_t* w, int64_t K, const int8_t* xq, const float* dx
   constexpr int QK = Geometry<QT>::QK, BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / QK, R = nblocks * BYTES, C = K / 32;
 #if defined(MK_QUANT_Q8_LANES)
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m = 0;
-    auto pass = [&]<int MB>() {
+  for (int64_t n = n0; n < n1; ++n)
+    row_passes(M, [&]<int MB>(int64_t m) {
       dot_rows_q8l<QT, MB>(w + n * R, nblocks, xq + m * K, K, dx + m * C, xs + m * C, C, y + m * ldy + n, ldy);
-      m += MB;
-    };
-    while (M - m >= 8) pass.template operator()<8>();
-    if (M - m >= 4) pass.template operator()<4>();
-    if (M - m >= 2) pass.template operator()<2>();
-    if (M - m >= 1) pass.template operator()<1>();
-  }
+    });
 #else
   constexpr int kNB = 4;  // rows of W per pass at M = 1
   float mins_stack[kNB * 512];  // no allocation up to K = 16384
@@ -396,9 +424,7 @@ inline void dot_row_q8k(const uint8_t* row, int64_t nblocks, const int8_t* xq, i
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
     const uint8_t* blk = row + b * BYTES;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + 128), _MM_HINT_T0);
+    prefetch_stream<BYTES>(blk);
     // two integer accumulators (even / odd chunks): one chain of 8 vpdpwssd per block would bind at M = 1
     __m256i ai[MB], aj[MB];
     for (int m = 0; m < MB; ++m) ai[m] = aj[m] = _mm256_setzero_si256();
@@ -439,9 +465,7 @@ inline void dot_rows_q8k(const uint8_t* row, int64_t nblocks, const int8_t* xq, 
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
     const uint8_t* blk = row + b * BYTES;
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + 128), _MM_HINT_T0);
+    prefetch_stream<BYTES>(blk);
     __m256i cb[8], sb[8];
     const KBlock kb = decode_codes_k<QT>(blk, [&](int c, __m256i codes, __m256i scv) { cb[c] = codes, sb[c] = scv; });
 #pragma GCC unroll 16
@@ -474,21 +498,14 @@ void gemv_rows_q8k(const uint8_t* w, int64_t K, const int8_t* xq, const float* d
                    OUT* y, int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int BYTES = Geometry<QT>::BYTES;
   const int64_t nblocks = K / 256, R = nblocks * BYTES, KB = K / 256, K16 = K / 16;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * R;
-    int64_t m = 0;
-    auto pass = [&]<int MB>() {
+  for (int64_t n = n0; n < n1; ++n)
+    row_passes(M, [&]<int MB>(int64_t m) {
+      const uint8_t* row = w + n * R;
       if constexpr (MB == 1)
         dot_row_q8k<QT, 1>(row, nblocks, xq + m * K, K, dk + m * KB, bs + m * K16, y + m * ldy + n, ldy);
       else
         dot_rows_q8k<QT, MB>(row, nblocks, xq + m * K, K, dk + m * KB, bs + m * K16, y + m * ldy + n, ldy);
-      m += MB;
-    };
-    while (M - m >= 8) pass.template operator()<8>();
-    if (M - m >= 4) pass.template operator()<4>();
-    if (M - m >= 2) pass.template operator()<2>();
-    if (M - m >= 1) pass.template operator()<1>();
-  }
+    });
 }
 
 // Quantize bf16 x [M, K] (bits) per 256: xq int8 [M, K], dk [M, K / 256], bs int16 [M, K / 16] (Σ q per 16).

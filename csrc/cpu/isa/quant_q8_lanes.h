@@ -104,12 +104,13 @@ inline void dot_rows_q8l(const uint8_t* row, int64_t nblocks, const int8_t* xq, 
                          const float* xs, int64_t C, OUT* y, int64_t ldy) {
   constexpr int BYTES = Geometry<QT>::BYTES;
   const int64_t groups = nblocks / 8;
+  const bool long_row = K > kLongRow;
   __m512 acc[MB];
   __m256 accm[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps(), accm[m] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* blk = row + 8 * g * BYTES;
-    for (int p = 0; p < 8 * BYTES; p += 64) _mm_prefetch(reinterpret_cast<const char*>(blk + 8 * BYTES + p), _MM_HINT_T0);
+    prefetch_stream<8 * BYTES>(blk, long_row);
     QLanes k;
     decode_group<QT>(blk, k);
     __m512i s[MB];
