@@ -157,14 +157,14 @@ inline void prefetch_rows(const T* base, int64_t stride, int64_t n, int64_t D) {
 
 // Stream keys [kbeg, kend) of one sequence and one kv head (kv) through `rows`. The block ids of the
 // keys read were validated by check::paged_indices_cpu (kv.slot never returns -1 here). fp32 caches with
-// 8 … 32 rows (prefill tiles) at AVX-512 take attention_tiled.h; bf16 with AVX512_BF16 scan_keys_bf16.
-#if MK_CPU_ATTN_AVX512BF16
-// scan_keys for bf16 caches with AVX-512 BF16 (attention_avx512.h); QV = D/32, D % 64 == 0.
-// Chunks of ≤ 16 keys inside one physical block: scores of every row, one softmax update per row and
-// chunk, then P·V in tiles of ≤ 4 rows.
-template <int QV>
-void scan_keys_bf16(const Rows& rows, const PagedKV<const bf16>& kv, int64_t kbeg, int64_t kend,
-                    Scratch& sc) {
+// 8 … 32 rows (prefill tiles) at AVX-512 take attention_tiled.h; at AVX-512 the others take scan_keys_vec (bf16
+// with AVX512_BF16, fp32 with D = 64 or 128); the rest this portable loop.
+#if MK_CPU_ATTN_AVX512
+// scan_keys with AVX-512 (attention_avx512.h): bf16 caches QV = D/32 (D % 64 == 0, AVX-512 BF16), fp32 caches
+// QV = D/16 (D = 64, 128). Chunks of ≤ 16 keys inside one physical block: scores of every row, one softmax
+// update per row and chunk, then P·V in tiles of ≤ 4 rows.
+template <typename T, int QV>
+void scan_keys_vec(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64_t kend, Scratch& sc) {
   namespace v = avx512;
   constexpr int64_t C = v::kVecChunk;
   const int64_t R = rows.R, D = rows.D, S = kv.block_size, key_stride = kv.slot_stride;
@@ -179,8 +179,8 @@ void scan_keys_bf16(const Rows& rows, const PagedKV<const bf16>& kv, int64_t kbe
       prefetch_rows(kv.k + kv.row(slotn), key_stride, nn, D);
       prefetch_rows(kv.v + kv.row(slotn), key_stride, nn, D);
     }
-    const bf16* k0 = kv.k + kv.row(slot0);
-    const bf16* v0 = kv.v + kv.row(slot0);
+    const T* k0 = kv.k + kv.row(slot0);
+    const T* v0 = kv.v + kv.row(slot0);
     for (int64_t r0 = 0; r0 < R; r0 += 4) {
       const int nr = static_cast<int>(std::min<int64_t>(4, R - r0));
       uint32_t live = 0;
@@ -193,9 +193,18 @@ void scan_keys_bf16(const Rows& rows, const PagedKV<const bf16>& kv, int64_t kbe
           _mm512_storeu_ps(p, _mm512_setzero_ps());
           continue;
         }
-        __m512bh q[QV];
-        for (int i = 0; i < QV; ++i) q[i] = (__m512bh)_mm512_loadu_si512(rows.qb + r * D + 32 * i);
-        const __m512 s = v::row_scores<QV>(q, k0, key_stride, c0, c1, rows.qscale);
+        __m512 s;
+        if constexpr (std::is_same_v<T, float>) {
+          __m512 q[QV];
+          for (int i = 0; i < QV; ++i) q[i] = _mm512_loadu_ps(rows.q + r * D + 16 * i);
+          s = v::row_scores<QV>(q, k0, key_stride, c0, c1);
+        } else {
+#if MK_CPU_ATTN_AVX512BF16
+          __m512bh q[QV];
+          for (int i = 0; i < QV; ++i) q[i] = (__m512bh)_mm512_loadu_si512(rows.qb + r * D + 32 * i);
+          s = v::row_scores<QV>(q, k0, key_stride, c0, c1, rows.qscale);
+#endif
+        }
         // reduce_max's NaN handling is order-dependent: a NaN score poisons the row explicitly
         const float cmax = _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q) ? std::numeric_limits<float>::quiet_NaN()
                                                                   : _mm512_reduce_max_ps(s);
@@ -232,9 +241,9 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
   if constexpr (std::is_same_v<T, bf16>) {
     if (rows.qb != nullptr) {  // D: multiples of 64 that the register tiles cover (QV = D/32)
       switch (D) {
-        case 64: return scan_keys_bf16<2>(rows, kv, kbeg, kend, sc);
-        case 128: return scan_keys_bf16<4>(rows, kv, kbeg, kend, sc);
-        case 256: return scan_keys_bf16<8>(rows, kv, kbeg, kend, sc);
+        case 64: return scan_keys_vec<bf16, 2>(rows, kv, kbeg, kend, sc);
+        case 128: return scan_keys_vec<bf16, 4>(rows, kv, kbeg, kend, sc);
+        case 256: return scan_keys_vec<bf16, 8>(rows, kv, kbeg, kend, sc);
         default: break;
       }
     }
@@ -247,6 +256,15 @@ void scan_keys(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, int64
       static_assert(kChunk >= tiled::kMaxRows);
       if (R <= 16) return tiled::scan<1>(R, D, rows.q, rows.acc, rows.st, rows.lo, rows.hi, kv, kbeg, kend, sc.kbuf, sc.vbuf);
       return tiled::scan<2>(R, D, rows.q, rows.acc, rows.st, rows.lo, rows.hi, kv, kbeg, kend, sc.kbuf, sc.vbuf);
+    }
+  }
+#endif
+#if MK_CPU_ATTN_AVX512
+  if constexpr (std::is_same_v<T, float>) {  // decode rows: D = 64, 128 (QV = D/16 registers of q)
+    switch (D) {
+      case 64: return scan_keys_vec<float, 4>(rows, kv, kbeg, kend, sc);
+      case 128: return scan_keys_vec<float, 8>(rows, kv, kbeg, kend, sc);
+      default: break;
     }
   }
 #endif
