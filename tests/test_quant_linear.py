@@ -104,13 +104,13 @@ def test_qlinear_fp16_leading_dims_and_out(name: str) -> None:
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_qlinear_int8_rows_long_k_and_row_invariance(name: str) -> None:
     # bf16 x at M <= 16 on the int8 paths with K spanning whole groups of 256 and, for the 32-blocks, a tail (K = 576:
-    # SmolLM2's; 2 groups + 2 blocks; the AVX512-VNNI kernel arranges each group's lanes by block, the tail per
-    # chunk): within the bound, random bytes included (extreme codes and scales), a NaN row NaN, and every row of an
-    # M-row call equal bit for bit to the same row alone — the property that makes a speculative verify row equal
-    # the plain decode of its token.
+    # SmolLM2's, 2 groups + 2 blocks; K = 608: 2 groups + 3 blocks; the AVX512-VNNI kernel arranges each group's
+    # lanes by block, the tail per chunk): within the bound, random bytes included (extreme codes and scales), a NaN
+    # row NaN, and every row of an M-row call equal bit for bit to the same row alone — the property that makes a
+    # speculative verify row equal the plain decode of its token.
     qk = QFORMATS[name].block
     qtype = QFORMATS[name].qtype
-    for k in ((576, 1024) if qk == 32 else (768, 1280)):
+    for k in ((576, 608, 1024) if qk == 32 else (768, 1280)):
         for random_bytes in (False, True):
             qweight, _ = random_qweight(name, 19, k, seed=k + random_bytes, random_bytes=random_bytes)
             g = torch.Generator().manual_seed(k)
