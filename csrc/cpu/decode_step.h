@@ -17,7 +17,7 @@
 //
 //   1. attn norm   every thread: xn = rms_norm(x + residual) into its private buffer (thread 0 stores
 //                  the sum as the new residual, into the other half of a ping-pong pair: no barrier)
-//   2. QKV         qkv[M, (Hq+2Hkv)·D] = xn · Wqkvᵀ, output columns split over threads       | barrier
+//   2. QKV         qkv[M, (Hq+2Hkv)·D] = xn · Wqkvᵀ, output columns in units over threads      | barrier
 //   3. attention   per (row m, kv head g): RoPE of q heads g·G … g·G+G-1 and k head g, k/v head g into
 //                  the paged cache at slot_mapping[m] (-1: skipped), paged attention of the G heads
 //                  (attention_core.h scan over all visible keys, no split-K)                  | barrier
@@ -29,11 +29,12 @@
 //   6. gate|up     h[M, I] = silu(xn · Wgateᵀ) · (xn · Wupᵀ), in chunks of 64 columns        | barrier
 //   7. down        x[M, H] = h · W2ᵀ                                                          | barrier
 //
-// Before each barrier a thread prefetches the start of its slice of the next phase's weights (warm).
+// The matrix phases hand out their columns in units from a shared counter (UnitCounter); before each barrier
+// a thread prefetches the start of its first unit of the next phase's weights (warm).
 // Each matrix is one or more row parts (Part), dense or packed in a qlinear format (GGUF blocks, int8 rows);
 // a packed part runs the per-ISA quantized GEMV (isa/quant.h quant_gemv) on the input each thread prepared
 // for it (XPrep: int8 per 32 / chunk sums / fp32, as csrc/cpu/quant.cpp does once per qlinear call), and
-// each part is split over the threads on its own.
+// each part is cut into units on its own (units never span two parts).
 // Every element is computed by the per-op kernels' per-ISA code (isa/gemv.cpp, isa/quant_kernels.h,
 // isa/norm.cpp, isa/rope.cpp, isa/attention_core.h)
 // and rounded to T at the same points (after each matmul, RoPE, norm, SiLU·up), so the result equals the
@@ -148,13 +149,50 @@ inline void warm(const Mat& w, int64_t r0, int64_t r1) {
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(q + o, 0, 2);
   }
 }
-// The same for this thread's slice of every part (the split of mat_slice).
-inline void warm_slice(const Mat& w, int t, int team) {
+// The phases' work in units, taken dynamically. A matrix phase is cut into units of kUnitRows rows of one part
+// (a part's last unit may be shorter; units in part order), the FFN phase into chunks of kFfnChunk columns
+// (gate and up rows of the same columns). Thread t runs unit t first, then units team, team + 1, … from a
+// shared counter, so the thread that runs faster takes more: on this shared 2-core machine the two threads
+// rarely stream at the same speed, and an even static split left the faster one waiting 5–10 % of a
+// 7B-shaped step at the barriers. Every output row is computed by the same kernel call whatever unit runs it
+// (the GEMVs' rows do not depend on the split: isa/quant_codes.h), so the result does not change.
+// Worked example: a qkv of one part of 960 rows, 2 threads: 15 units of 64 rows; thread 0 runs unit 0,
+// thread 1 unit 1, then each takes 2, 3, … 14 from the counter as it finishes its last.
+inline constexpr int64_t kUnitRows = 64;
+inline int64_t units_of(const Mat& w) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < w.n; ++i) n += (w.parts[i].rows + kUnitRows - 1) / kUnitRows;
+  return n;
+}
+// Rows [r0, r1) of W (its row numbering) of unit u.
+inline std::pair<int64_t, int64_t> unit_rows(const Mat& w, int64_t u) {
   for (int64_t i = 0; i < w.n; ++i) {
     const Part& p = w.parts[i];
-    const auto [a, b] = split(p.rows, t, team, 8);
-    warm(Mat{&p, 1}, p.n0 + a, p.n0 + b);
+    const int64_t nu = (p.rows + kUnitRows - 1) / kUnitRows;
+    if (u < nu) return {p.n0 + u * kUnitRows, p.n0 + std::min(p.rows, (u + 1) * kUnitRows)};
+    u -= nu;
   }
+  return {0, 0};
+}
+// The shared counter of a phase: unit t first, then team + fetch_add. Two of them alternate between the
+// matrix phases of a step (qkv, o, gate|up, down: even per layer); at the start of a phase thread 0 resets
+// the other one, which every thread left at the barrier that ended the previous phase.
+class UnitCounter {
+ public:
+  void reset() { next_.store(0, std::memory_order_relaxed); }
+  template <typename F>
+  void run(int64_t units, int t, int team, F&& f) {
+    for (int64_t u = t; u < units; u = team + next_.fetch_add(1, std::memory_order_relaxed)) f(u);
+  }
+
+ private:
+  std::atomic<int64_t> next_{0};
+};
+
+// Before a barrier: prefetch the first unit this thread will run in the next matrix phase.
+inline void warm_first_unit(const Mat& w, int t) {
+  const auto [r0, r1] = unit_rows(w, t);
+  if (r0 < r1) warm(w, r0, r1);
 }
 
 // The barrier between phases: spin briefly, then sleep on the generation word (std::atomic::wait: a futex on
@@ -300,15 +338,14 @@ void mat_rows(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, in
   }
 }
 
-// y[m·ldy + r] for thread t's share of W: each part split over the team on its own (equal bytes per thread
-// whatever the formats; every slice starts at a multiple of 8 rows of its part, like qlinear's own split).
+// y[m·ldy + r] for the units of W this thread takes from the counter.
 template <typename T>
-void mat_slice(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, int64_t ldy, int t, int team) {
-  for (int64_t i = 0; i < w.n; ++i) {
-    const Part& p = w.parts[i];
-    const auto [a, b] = split(p.rows, t, team, 8);
-    if (a < b) part_rows(kn, p, xp, M, y + p.n0 + a, ldy, a, b - a);
-  }
+void mat_units(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, int64_t ldy, int t, int team,
+               UnitCounter& counter) {
+  counter.run(units_of(w), t, team, [&](int64_t u) {
+    const auto [r0, r1] = unit_rows(w, u);
+    mat_rows(kn, w, xp, M, y + r0, ldy, r0, r1);
+  });
 }
 
 // Phase 3a for row m, kv head g: RoPE of its q and k heads (in place in qkv_row), k/v head g into the cache.
@@ -372,6 +409,7 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
   T* res[2] = {residual, res2.data()};
   int final_cur = 0;
   SpinYieldBarrier bar;
+  UnitCounter counters[2];  // the matrix phases' (UnitCounter: qkv and gate|up take 0, o and down 1)
   const Kernels kn;
   const Elem elem = kElem<T>;
   XNeeds needs;  // over all matrices: which input forms the threads' XPrep must hold
@@ -412,7 +450,8 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
       const Layer<T>& ly = layers[l];
       add_norm(x, ly.attn_norm);
       xp.prepare(kn, ly.qkv, xt, M, H);
-      mat_slice(kn, ly.qkv, xp, M, qkv.data(), Nqkv, t, team);
+      if (t == 0) counters[1].reset();
+      mat_units(kn, ly.qkv, xp, M, qkv.data(), Nqkv, t, team, counters[0]);
       barrier();
       {
         const auto [i0, i1] = split(M * s.Hkv, t, team, 1);
@@ -426,34 +465,39 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
           if (!ix.write_first) rope_write(kn, s, ix, ly, qkv.data() + m * Nqkv, m, g);
           attend(kn, s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
         }
-        warm_slice(ly.wo, t, team);
+        warm_first_unit(ly.wo, t);
       }
       barrier();
+      const int64_t ffn_units = (I + kFfnChunk - 1) / kFfnChunk;  // chunks of gate|up columns
       {
         xp.prepare(kn, ly.wo, att.data(), M, QD);
-        mat_slice(kn, ly.wo, xp, M, o.data(), H, t, team);
-        const auto [c0, c1] = split(I, t, team, kFfnChunk);
-        warm(ly.w13, c0, c1);
-        warm(ly.w13, I + c0, I + c1);
+        if (t == 0) counters[0].reset();
+        mat_units(kn, ly.wo, xp, M, o.data(), H, t, team, counters[1]);
+        if (t < ffn_units) {
+          const int64_t c = t * kFfnChunk, n = std::min(kFfnChunk, I - c);
+          warm(ly.w13, c, c + n);
+          warm(ly.w13, I + c, I + c + n);
+        }
       }
       barrier();
       add_norm(o.data(), ly.ffn_norm);
       {
         xp.prepare(kn, ly.w13, xt, M, H);
-        const auto [c0, c1] = split(I, t, team, kFfnChunk);
-        for (int64_t c = c0; c < c1; c += kFfnChunk) {
-          const int64_t n = std::min(kFfnChunk, c1 - c);
+        if (t == 0) counters[1].reset();
+        counters[0].run(ffn_units, t, team, [&](int64_t u) {
+          const int64_t c = u * kFfnChunk, n = std::min(kFfnChunk, I - c);
           mat_rows(kn, ly.w13, xp, M, gbuf, kFfnChunk, c, c + n);
           mat_rows(kn, ly.w13, xp, M, ubuf, kFfnChunk, I + c, I + c + n);
           kn.silu_mul(elem, h.data() + c, I, gbuf, ubuf, kFfnChunk, 0, M, n);
-        }
-        warm_slice(ly.w2, t, team);
+        });
+        warm_first_unit(ly.w2, t);
       }
       barrier();
       {
         xp.prepare(kn, ly.w2, h.data(), M, I);
-        mat_slice(kn, ly.w2, xp, M, x, H, t, team);
-        if (l + 1 < L) warm_slice(layers[l + 1].qkv, t, team);
+        if (t == 0) counters[0].reset();
+        mat_units(kn, ly.w2, xp, M, x, H, t, team, counters[1]);
+        if (l + 1 < L) warm_first_unit(layers[l + 1].qkv, t);
       }
       barrier();
     }
