@@ -149,31 +149,53 @@ inline void warm(const Mat& w, int64_t r0, int64_t r1) {
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(q + o, 0, 2);
   }
 }
-// The phases' work in units, taken dynamically. A matrix phase is cut into units of kUnitRows rows of one part
-// (a part's last unit may be shorter; units in part order), the FFN phase into chunks of kFfnChunk columns
-// (gate and up rows of the same columns). Thread t runs unit t first, then units team, team + 1, … from a
-// shared counter, so the thread that runs faster takes more: on this shared 2-core machine the two threads
-// rarely stream at the same speed, and an even static split left the faster one waiting 5–10 % of a
-// 7B-shaped step at the barriers. Every output row is computed by the same kernel call whatever unit runs it
-// (the GEMVs' rows do not depend on the split: isa/quant_codes.h), so the result does not change.
-// Worked example: a qkv of one part of 960 rows, 2 threads: 15 units of 64 rows; thread 0 runs unit 0,
-// thread 1 unit 1, then each takes 2, 3, … 14 from the counter as it finishes its last.
-inline constexpr int64_t kUnitRows = 64;
-inline int64_t units_of(const Mat& w) {
+// The phases' work in units, taken dynamically. Each part of a matrix phase is cut into team·⌈bytes / (team ·
+// kUnitBytes)⌉ units of equal rows (a multiple of 8; the last may be shorter; units in part order), the FFN
+// phase likewise into units of whole kFfnChunk-column chunks (gate and up rows of the same columns). Thread t
+// runs unit t first, then units team, team + 1, … from a shared counter, so the thread that runs faster takes
+// more: on this shared 2-core machine the two threads rarely stream at the same speed, and an even static
+// split left the faster one waiting 5–10 % of a 7B-shaped step at the barriers. A part of at most team ·
+// kUnitBytes gets one unit per thread — the even static split, no counter step — because each unit costs a
+// kernel call and a counter step: units of 64 rows measured 10–20 % slower on SmolLM2 (~1,700 units a step).
+// Every output row is computed by the same kernel call whatever unit runs it (the GEMVs' rows do not depend on
+// the split: isa/quant_codes.h), so the result does not change.
+// Worked example: 2 threads. A 7B Q4_0 qkv part (6144 rows of 2304 bytes, 13.5 MiB): 2·⌈13.5 MiB / 512 KiB⌉
+// = 56 units of ⌈6144 / 56 / 8⌉·8 = 112 rows (55 units: the last of 96 rows); SmolLM2's qkv (960 rows of 360
+// bytes, 338 KiB): 2 units of 480 rows.
+inline constexpr int64_t kUnitBytes = 256 << 10;
+inline int64_t unit_count(int64_t bytes, int team) {
+  return team * std::max<int64_t>(1, (bytes + team * kUnitBytes - 1) / (team * kUnitBytes));
+}
+inline int64_t unit_rows_of(const Part& p, int team) {
+  return std::max<int64_t>(8, (p.rows + unit_count(p.rows * p.row_bytes, team) * 8 - 1) /
+                                  (unit_count(p.rows * p.row_bytes, team) * 8) * 8);
+}
+inline int64_t units_of(const Mat& w, int team) {
   int64_t n = 0;
-  for (int64_t i = 0; i < w.n; ++i) n += (w.parts[i].rows + kUnitRows - 1) / kUnitRows;
+  for (int64_t i = 0; i < w.n; ++i) {
+    const int64_t ur = unit_rows_of(w.parts[i], team);
+    n += (w.parts[i].rows + ur - 1) / ur;
+  }
   return n;
 }
 // Rows [r0, r1) of W (its row numbering) of unit u.
-inline std::pair<int64_t, int64_t> unit_rows(const Mat& w, int64_t u) {
+inline std::pair<int64_t, int64_t> unit_rows(const Mat& w, int64_t u, int team) {
   for (int64_t i = 0; i < w.n; ++i) {
     const Part& p = w.parts[i];
-    const int64_t nu = (p.rows + kUnitRows - 1) / kUnitRows;
-    if (u < nu) return {p.n0 + u * kUnitRows, p.n0 + std::min(p.rows, (u + 1) * kUnitRows)};
+    const int64_t ur = unit_rows_of(p, team), nu = (p.rows + ur - 1) / ur;
+    if (u < nu) return {p.n0 + u * ur, p.n0 + std::min(p.rows, (u + 1) * ur)};
     u -= nu;
   }
   return {0, 0};
 }
+// Gate|up columns per FFN unit (W13 [2I, H]): a multiple of kFfnChunk.
+inline int64_t ffn_unit_cols(const Mat& w13, int64_t I, int team) {
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < w13.n; ++i) bytes += w13.parts[i].rows * w13.parts[i].row_bytes;
+  const int64_t u = unit_count(bytes, team);
+  return (I + u * kFfnChunk - 1) / (u * kFfnChunk) * kFfnChunk;
+}
+
 // The shared counter of a phase: unit t first, then team + fetch_add. Two of them alternate between the
 // matrix phases of a step (qkv, o, gate|up, down: even per layer); at the start of a phase thread 0 resets
 // the other one, which every thread left at the barrier that ended the previous phase.
@@ -190,8 +212,8 @@ class UnitCounter {
 };
 
 // Before a barrier: prefetch the first unit this thread will run in the next matrix phase.
-inline void warm_first_unit(const Mat& w, int t) {
-  const auto [r0, r1] = unit_rows(w, t);
+inline void warm_first_unit(const Mat& w, int t, int team) {
+  const auto [r0, r1] = unit_rows(w, t, team);
   if (r0 < r1) warm(w, r0, r1);
 }
 
@@ -342,8 +364,8 @@ void mat_rows(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, in
 template <typename T>
 void mat_units(const Kernels& kn, const Mat& w, XPrep<T>& xp, int64_t M, T* y, int64_t ldy, int t, int team,
                UnitCounter& counter) {
-  counter.run(units_of(w), t, team, [&](int64_t u) {
-    const auto [r0, r1] = unit_rows(w, u);
+  counter.run(units_of(w, team), t, team, [&](int64_t u) {
+    const auto [r0, r1] = unit_rows(w, u, team);
     mat_rows(kn, w, xp, M, y + r0, ldy, r0, r1);
   });
 }
@@ -465,16 +487,17 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
           if (!ix.write_first) rope_write(kn, s, ix, ly, qkv.data() + m * Nqkv, m, g);
           attend(kn, s, ix, ly, qkv.data() + m * Nqkv, att.data() + m * QD, m, g, scratch);
         }
-        warm_first_unit(ly.wo, t);
+        warm_first_unit(ly.wo, t, team);
       }
       barrier();
-      const int64_t ffn_units = (I + kFfnChunk - 1) / kFfnChunk;  // chunks of gate|up columns
+      const int64_t ffn_cols = ffn_unit_cols(ly.w13, I, team);  // gate|up columns per unit
+      const int64_t ffn_units = (I + ffn_cols - 1) / ffn_cols;
       {
         xp.prepare(kn, ly.wo, att.data(), M, QD);
         if (t == 0) counters[0].reset();
         mat_units(kn, ly.wo, xp, M, o.data(), H, t, team, counters[1]);
         if (t < ffn_units) {
-          const int64_t c = t * kFfnChunk, n = std::min(kFfnChunk, I - c);
+          const int64_t c = t * ffn_cols, n = std::min(ffn_cols, I - c);
           warm(ly.w13, c, c + n);
           warm(ly.w13, I + c, I + c + n);
         }
@@ -485,19 +508,22 @@ void run(const Shape& s, const Index& ix, const Layer<T>* layers, int64_t L, T* 
         xp.prepare(kn, ly.w13, xt, M, H);
         if (t == 0) counters[1].reset();
         counters[0].run(ffn_units, t, team, [&](int64_t u) {
-          const int64_t c = u * kFfnChunk, n = std::min(kFfnChunk, I - c);
-          mat_rows(kn, ly.w13, xp, M, gbuf, kFfnChunk, c, c + n);
-          mat_rows(kn, ly.w13, xp, M, ubuf, kFfnChunk, I + c, I + c + n);
-          kn.silu_mul(elem, h.data() + c, I, gbuf, ubuf, kFfnChunk, 0, M, n);
+          const int64_t c1 = std::min(I, (u + 1) * ffn_cols);
+          for (int64_t c = u * ffn_cols; c < c1; c += kFfnChunk) {
+            const int64_t n = std::min(kFfnChunk, c1 - c);
+            mat_rows(kn, ly.w13, xp, M, gbuf, kFfnChunk, c, c + n);
+            mat_rows(kn, ly.w13, xp, M, ubuf, kFfnChunk, I + c, I + c + n);
+            kn.silu_mul(elem, h.data() + c, I, gbuf, ubuf, kFfnChunk, 0, M, n);
+          }
         });
-        warm_first_unit(ly.w2, t);
+        warm_first_unit(ly.w2, t, team);
       }
       barrier();
       {
         xp.prepare(kn, ly.w2, h.data(), M, I);
         if (t == 0) counters[0].reset();
         mat_units(kn, ly.w2, xp, M, x, H, t, team, counters[1]);
-        if (l + 1 < L) warm_first_unit(layers[l + 1].qkv, t);
+        if (l + 1 < L) warm_first_unit(layers[l + 1].qkv, t, team);
       }
       barrier();
     }
