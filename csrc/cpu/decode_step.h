@@ -39,9 +39,10 @@
 // isa/norm.cpp, isa/rope.cpp, isa/attention_core.h)
 // and rounded to T at the same points (after each matmul, RoPE, norm, SiLU·up), so the result equals the
 // per-op path bit for bit, except (a) attention over more than 1024 visible keys, where the per-op decode
-// kernel splits the keys into partitions (split-K) and merges them, and (b) the int8 (VNNI) path of a packed
-// part at M = 1, whose kernel takes rows in fours from the start of each thread's range: where qlinear's
-// split puts a thread boundary at a row not ≡ its part start mod 4, those rows sum in another fp32 order.
+// kernel splits the keys into partitions (split-K) and merges them, and (b) the int8 path of a packed part
+// at M = 1 on the avx2 / avx512 levels (short rows), whose kernel takes rows in fours from the start of each
+// unit (a multiple of 8 rows into its part): where qlinear's split puts a thread boundary at a row not ≡ its
+// part start mod 4, those rows sum in another fp32 order.
 // Both: equal within fp32 rounding before the rounding to T.
 #pragma once
 
@@ -167,8 +168,8 @@ inline int64_t unit_count(int64_t bytes, int team) {
   return team * std::max<int64_t>(1, (bytes + team * kUnitBytes - 1) / (team * kUnitBytes));
 }
 inline int64_t unit_rows_of(const Part& p, int team) {
-  return std::max<int64_t>(8, (p.rows + unit_count(p.rows * p.row_bytes, team) * 8 - 1) /
-                                  (unit_count(p.rows * p.row_bytes, team) * 8) * 8);
+  const int64_t units = unit_count(p.rows * p.row_bytes, team);
+  return std::max<int64_t>(8, (p.rows + units * 8 - 1) / (units * 8) * 8);
 }
 inline int64_t units_of(const Mat& w, int team) {
   int64_t n = 0;

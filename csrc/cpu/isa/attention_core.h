@@ -203,6 +203,8 @@ void scan_keys_vec(const Rows& rows, const PagedKV<const T>& kv, int64_t kbeg, i
           __m512bh q[QV];
           for (int i = 0; i < QV; ++i) q[i] = (__m512bh)_mm512_loadu_si512(rows.qb + r * D + 32 * i);
           s = v::row_scores<QV>(q, k0, key_stride, c0, c1, rows.qscale);
+#else
+          static_assert(std::is_same_v<T, float>, "scan_keys_vec: 16-bit caches need AVX512_BF16");
 #endif
         }
         // reduce_max's NaN handling is order-dependent: a NaN score poisons the row explicitly
